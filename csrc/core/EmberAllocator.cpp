@@ -1,0 +1,145 @@
+#include "core/EmberAllocator.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "core/RuntimeErrors.h"
+#include "ember/runtime/device.h"
+
+namespace ember {
+namespace {
+
+namespace rt = ember::runtime;
+
+// A DataPtr deleter is a plain function pointer, so each device gets its own
+// deleter; the deleter then also tells which pool a pointer came from.
+template <int Index>
+void free_on_device(void* block) {
+  rt::device(Index).allocator().free(static_cast<rt::Block*>(block));
+}
+
+template <std::size_t... I>
+constexpr auto make_deleters(std::index_sequence<I...>) {
+  return std::array<c10::DeleterFnPtr, sizeof...(I)>{
+      &free_on_device<static_cast<int>(I)>...};
+}
+
+constexpr auto kDeleters =
+    make_deleters(std::make_index_sequence<rt::kMaxDevices>());
+
+void copy_stat(const rt::Stat& from, c10::CachingAllocator::StatArray& to) {
+  auto& aggregate =
+      to[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  aggregate.current = from.current;
+  aggregate.peak = from.peak;
+  aggregate.allocated = from.allocated;
+  aggregate.freed = from.freed;
+}
+
+}  // namespace
+
+c10::DataPtr EmberDeviceAllocator::allocate(size_t nbytes) {
+  return allocate_on(static_cast<c10::DeviceIndex>(rt::current_device()),
+                     nbytes, c10::DeviceType::PrivateUse1);
+}
+
+c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
+                                               size_t nbytes,
+                                               c10::DeviceType tag) {
+  const c10::Device tag_device =
+      tag == c10::DeviceType::CPU ? c10::Device(c10::DeviceType::CPU)
+                                  : c10::Device(tag, device);
+  rt::Allocation allocation = translate_runtime_errors(
+      [&] { return rt::device(device).allocator().allocate(nbytes); });
+  if (allocation.block == nullptr) {
+    return c10::DataPtr(nullptr, tag_device);
+  }
+  return c10::DataPtr(allocation.ptr, allocation.block, kDeleters[device],
+                      tag_device);
+}
+
+void EmberDeviceAllocator::copy_data(void* dest, const void* src,
+                                     std::size_t count) const {
+  std::memcpy(dest, src, count);
+}
+
+void EmberDeviceAllocator::emptyCache(c10::MempoolId_t) {
+  for (int i = 0; i < rt::device_count(); ++i) {
+    rt::device(i).allocator().empty_cache();
+  }
+}
+
+c10::CachingDeviceAllocator::DeviceStats EmberDeviceAllocator::getDeviceStats(
+    c10::DeviceIndex device) {
+  const rt::MemoryStats s = translate_runtime_errors(
+      [&] { return rt::device(device).allocator().stats(); });
+  c10::CachingDeviceAllocator::DeviceStats out;
+  copy_stat(s.allocation, out.allocation);
+  copy_stat(s.segment, out.segment);
+  copy_stat(s.active, out.active);
+  copy_stat(s.inactive_split, out.inactive_split);
+  copy_stat(s.allocated_bytes, out.allocated_bytes);
+  copy_stat(s.reserved_bytes, out.reserved_bytes);
+  copy_stat(s.active_bytes, out.active_bytes);
+  copy_stat(s.inactive_split_bytes, out.inactive_split_bytes);
+  copy_stat(s.requested_bytes, out.requested_bytes);
+  out.num_alloc_retries = s.num_alloc_retries;
+  out.num_ooms = s.num_ooms;
+  out.num_device_alloc = s.num_device_alloc;
+  out.num_device_free = s.num_device_free;
+  return out;
+}
+
+void EmberDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  translate_runtime_errors(
+      [&] { rt::device(device).allocator().reset_accumulated_stats(); });
+}
+
+void EmberDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
+  translate_runtime_errors(
+      [&] { rt::device(device).allocator().reset_peak_stats(); });
+}
+
+std::pair<size_t, size_t> EmberDeviceAllocator::getMemoryInfo(
+    c10::DeviceIndex device) {
+  return translate_runtime_errors([&] {
+    auto& allocator = rt::device(device).allocator();
+    const size_t limit = allocator.memory_limit();
+    const auto reserved =
+        static_cast<size_t>(allocator.stats().reserved_bytes.current);
+    return std::make_pair(limit > reserved ? limit - reserved : 0, limit);
+  });
+}
+
+EmberDeviceAllocator* device_allocator() {
+  static EmberDeviceAllocator allocator;
+  return &allocator;
+}
+
+std::optional<c10::DeviceIndex> pool_device_of(const c10::DataPtr& data_ptr) {
+  const c10::DeleterFnPtr deleter = data_ptr.get_deleter();
+  for (size_t i = 0; i < kDeleters.size(); ++i) {
+    if (kDeleters[i] == deleter) return static_cast<c10::DeviceIndex>(i);
+  }
+  return std::nullopt;
+}
+
+void set_memory_fraction(double fraction, c10::DeviceIndex device) {
+  TORCH_CHECK_VALUE(fraction > 0.0 && fraction <= 1.0,
+                    "Invalid fraction value: ", fraction,
+                    ". Allowed range: 0 < fraction <= 1");
+  translate_runtime_errors([&] {
+    auto& allocator = rt::device(device).allocator();
+    allocator.set_memory_limit(
+        static_cast<size_t>(fraction * static_cast<double>(allocator.capacity())));
+  });
+}
+
+// Registered at load time: c10::GetAllocator(PrivateUse1) is how ATen's
+// generic empty() reaches us.
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, device_allocator())
+
+}  // namespace ember

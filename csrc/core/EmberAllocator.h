@@ -1,0 +1,43 @@
+// The c10 allocator for ember device memory: a thin adapter over the
+// runtime's per-device CachingAllocator (runtime/caching_allocator.h).
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <optional>
+
+namespace ember {
+
+class EmberDeviceAllocator final : public c10::DeviceAllocator {
+ public:
+  // Allocates on the current ember device.
+  c10::DataPtr allocate(size_t nbytes) override;
+  // Allocates on `device`; the DataPtr reports `tag_device_type` (PrivateUse1
+  // normally, CPU when a delegated CPU kernel is allocating on our behalf).
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes,
+                           c10::DeviceType tag_device_type);
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  // Execution is synchronous, so a block is never in flight on a stream.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(
+      c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+};
+
+EmberDeviceAllocator* device_allocator();
+
+// The ember device whose pool owns this DataPtr's memory (recognised by its
+// deleter), or nullopt for memory from anywhere else.
+std::optional<c10::DeviceIndex> pool_device_of(const c10::DataPtr& data_ptr);
+
+// Memory limit of a device as a fraction of its capacity (CUDA's
+// set_per_process_memory_fraction).
+void set_memory_fraction(double fraction, c10::DeviceIndex device);
+
+}  // namespace ember

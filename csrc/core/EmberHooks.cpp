@@ -1,0 +1,88 @@
+#include "core/EmberHooks.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "core/EmberGenerator.h"
+#include "core/RuntimeErrors.h"
+#include "core/StorageResize.h"
+#include "ember/runtime/device.h"
+
+namespace ember {
+
+namespace rt = ember::runtime;
+
+void EmberHooks::init() const {
+  translate_runtime_errors([] { return rt::device_count(); });
+}
+
+bool EmberHooks::isAvailable() const { return deviceCount() > 0; }
+
+c10::DeviceIndex EmberHooks::deviceCount() const {
+  try {
+    return static_cast<c10::DeviceIndex>(rt::device_count());
+  } catch (...) {
+    return 0;
+  }
+}
+
+void EmberHooks::setCurrentDevice(c10::DeviceIndex device) const {
+  translate_runtime_errors([&] { rt::set_current_device(device); });
+}
+
+c10::DeviceIndex EmberHooks::getCurrentDevice() const {
+  return static_cast<c10::DeviceIndex>(rt::current_device());
+}
+
+c10::DeviceIndex EmberHooks::exchangeDevice(c10::DeviceIndex device) const {
+  const auto previous = getCurrentDevice();
+  if (device != previous) setCurrentDevice(device);
+  return previous;
+}
+
+c10::DeviceIndex EmberHooks::maybeExchangeDevice(
+    c10::DeviceIndex device) const {
+  if (device < 0 || device >= deviceCount()) return getCurrentDevice();
+  return exchangeDevice(device);
+}
+
+const at::Generator& EmberHooks::getDefaultGenerator(
+    c10::DeviceIndex device) const {
+  return default_generator(device < 0 ? getCurrentDevice() : device);
+}
+
+at::Generator EmberHooks::getNewGenerator(c10::DeviceIndex device) const {
+  return new_generator(device);
+}
+
+at::Device EmberHooks::getDeviceFromPtr(void* data) const {
+  for (int i = 0; i < rt::device_count(); ++i) {
+    if (rt::device(i).allocator().owns(data)) {
+      return at::Device(c10::DeviceType::PrivateUse1,
+                        static_cast<c10::DeviceIndex>(i));
+    }
+  }
+  TORCH_CHECK(false, "pointer ", data, " is not ember device memory");
+}
+
+at::Allocator* EmberHooks::getPinnedMemoryAllocator() const {
+  // ember memory already is host memory; pinned host buffers are plain
+  // CPU memory.
+  return c10::GetCPUAllocator();
+}
+
+void EmberHooks::resizePrivateUse1Bytes(const c10::Storage& storage,
+                                        size_t new_bytes) const {
+  resize_storage_bytes(storage.unsafeGetStorageImpl(), new_bytes);
+}
+
+void register_hooks() {
+  static const bool registered = [] {
+    static EmberHooks hooks;
+    at::RegisterPrivateUse1HooksInterface(&hooks);
+    return true;
+  }();
+  (void)registered;
+}
+
+}  // namespace ember

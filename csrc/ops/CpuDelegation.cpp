@@ -1,0 +1,261 @@
+#include "ops/CpuDelegation.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/jit_type.h>
+#include <c10/util/SmallVector.h>
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/CpuAllocationCapture.h"
+#include "core/EmberGenerator.h"
+#include "core/RuntimeErrors.h"
+#include "ops/CpuAlias.h"
+#include "ops/DeviceScope.h"
+#include "ops/FallbackStats.h"
+
+namespace ember {
+namespace {
+
+// What the fallback needs to know about an operator's schema, computed once
+// per operator and thread (schemas never change after registration).
+struct OpPlan {
+  std::string name;                     // "aten::add.Tensor"
+  std::vector<bool> written;            // argument is mutated (in-place/out=)
+  std::vector<bool> is_generator;       // argument is a Generator?
+  bool has_generator = false;
+  bool accepts_cpu_tensors = false;     // CUDA accepts CPU tensors here too
+};
+
+// Ops that CUDA runs with CPU tensor arguments (index tensors on the host).
+bool op_accepts_cpu_tensors(const std::string& base_name) {
+  static const std::unordered_set<std::string> names = {
+      "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::index_put", "aten::_copy_from", "aten::_copy_from_and_resize"};
+  return names.count(base_name) != 0;
+}
+
+bool is_generator_type(const c10::TypePtr& type) {
+  const c10::Type* t = type.get();
+  if (t->kind() == c10::OptionalType::Kind) {
+    t = t->castRaw<c10::OptionalType>()->getElementType().get();
+  }
+  return t->kind() == c10::GeneratorType::Kind;
+}
+
+const OpPlan& plan_for(const c10::FunctionSchema& schema) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, OpPlan> plans;
+  auto it = plans.find(&schema);
+  if (it != plans.end()) return it->second;
+  OpPlan plan;
+  plan.name = schema.name();
+  plan.accepts_cpu_tensors = op_accepts_cpu_tensors(plan.name);
+  if (!schema.overload_name().empty()) {
+    plan.name += "." + schema.overload_name();
+  }
+  for (const auto& argument : schema.arguments()) {
+    const auto* alias = argument.alias_info();
+    plan.written.push_back(alias != nullptr && alias->isWrite());
+    const bool generator = is_generator_type(argument.real_type());
+    plan.is_generator.push_back(generator);
+    plan.has_generator |= generator;
+  }
+  return plans.emplace(&schema, std::move(plan)).first->second;
+}
+
+[[noreturn]] void throw_device_mismatch(c10::Device a, c10::Device b,
+                                        const OpPlan& plan) {
+  // Same type and wording as CUDA's check, plus the op.
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ",
+              a, " and ", b, "! (when checking arguments for ", plan.name,
+              ")");
+}
+
+// The per-call bookkeeping: which ember tensors were swapped for which
+// aliases, and which device the op runs on.
+class Delegation {
+ public:
+  explicit Delegation(const OpPlan& plan) : plan_(plan) {}
+
+  c10::DeviceIndex device() const { return device_; }
+
+  void note_device(c10::Device device) {
+    if (device_ < 0) {
+      device_ = device.index();
+    } else if (device.index() != device_) {
+      throw_device_mismatch(
+          c10::Device(c10::DeviceType::PrivateUse1, device_), device, plan_);
+    }
+  }
+
+  at::Tensor to_cpu(const at::Tensor& tensor, bool written) {
+    if (!tensor.defined()) return tensor;
+    const c10::Device device = tensor.device();
+    if (device.type() == c10::DeviceType::PrivateUse1) {
+      note_device(device);
+      at::Tensor alias = cpu_alias(tensor);
+      swapped_.push_back({alias, tensor, written});
+      return alias;
+    }
+    // A CPU tensor beside ember tensors is accepted where CUDA accepts it:
+    // 0-dim read-only scalars, and host index tensors for indexing ops.
+    const bool allowed = device.type() == c10::DeviceType::CPU && !written &&
+                         (tensor.dim() == 0 || plan_.accepts_cpu_tensors);
+    if (!allowed && !foreign_.has_value()) foreign_ = device;
+    return tensor;
+  }
+
+  void check_no_foreign_device() const {
+    if (foreign_.has_value()) {
+      throw_device_mismatch(
+          c10::Device(c10::DeviceType::PrivateUse1, std::max<int>(device_, 0)),
+          *foreign_, plan_);
+    }
+  }
+
+  at::Tensor from_cpu(const at::Tensor& result) {
+    if (!result.defined()) return result;
+    for (const auto& swap : swapped_) {
+      if (swap.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) {
+        return swap.original;  // in-place / out= ops return their argument
+      }
+    }
+    return adopt_cpu_result(result, device_, plan_.name);
+  }
+
+  // A CPU kernel may resize or re-point an out= argument; the ember tensor
+  // must see the same storage and metadata afterwards.
+  void write_back() {
+    for (const auto& swap : swapped_) {
+      if (!swap.written) continue;
+      c10::TensorImpl* original = swap.original.unsafeGetTensorImpl();
+      const at::Tensor& alias = swap.alias;
+      if (!alias.storage().is_alias_of(swap.original.storage())) {
+        c10::Storage storage = alias.storage();
+        if (storage.device_type() != c10::DeviceType::PrivateUse1 &&
+            !adopt_storage(storage.unsafeGetStorageImpl(), device_)) {
+          TORCH_CHECK(false, plan_.name,
+                      " replaced the storage of an ember argument with "
+                      "foreign memory; this op is not supported on ember");
+        }
+        original->set_storage_keep_dtype(std::move(storage));
+      }
+      if (alias.sizes() != swap.original.sizes() ||
+          alias.strides() != swap.original.strides() ||
+          alias.storage_offset() != swap.original.storage_offset()) {
+        original->set_sizes_and_strides(alias.sizes(), alias.strides(),
+                                        alias.storage_offset());
+      }
+    }
+  }
+
+ private:
+  struct Swap {
+    at::Tensor alias;
+    at::Tensor original;
+    bool written;
+  };
+  const OpPlan& plan_;
+  c10::DeviceIndex device_ = -1;
+  std::optional<c10::Device> foreign_;
+  c10::SmallVector<Swap, 4> swapped_;
+};
+
+c10::IValue arguments_to_cpu(c10::IValue value, bool written,
+                             Delegation& delegation) {
+  if (value.isTensor()) {
+    return delegation.to_cpu(value.toTensor(), written);
+  }
+  if (value.isTensorList()) {
+    auto list = value.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) out.push_back(delegation.to_cpu(t, written));
+    return out;
+  }
+  if (value.isOptionalTensorList()) {
+    auto list = value.toOptionalTensorList();
+    c10::List<std::optional<at::Tensor>> out;
+    out.reserve(list.size());
+    for (const std::optional<at::Tensor>& t : list) {
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(
+                                        delegation.to_cpu(*t, written))
+                                  : std::nullopt);
+    }
+    return out;
+  }
+  if (value.isDevice()) {
+    const c10::Device device = value.toDevice();
+    if (device.type() == c10::DeviceType::PrivateUse1) {
+      if (device.has_index()) {
+        translate_runtime_errors(
+            [&] { runtime::check_device_index(device.index()); });
+        delegation.note_device(device);
+      }
+      return c10::Device(c10::DeviceType::CPU);
+    }
+  }
+  return value;
+}
+
+c10::IValue result_from_cpu(c10::IValue value, Delegation& delegation) {
+  if (value.isTensor()) return delegation.from_cpu(value.toTensor());
+  if (value.isTensorList()) {
+    auto list = value.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) out.push_back(delegation.from_cpu(t));
+    return out;
+  }
+  return value;
+}
+
+}  // namespace
+
+void cpu_delegation_fallback(const c10::OperatorHandle& op,
+                             c10::DispatchKeySet /*keys*/,
+                             torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const OpPlan& plan = plan_for(schema);
+  const size_t num_arguments = schema.arguments().size();
+  const size_t first = stack->size() - num_arguments;
+
+  Delegation delegation(plan);
+  for (size_t i = 0; i < num_arguments; ++i) {
+    c10::IValue& argument = (*stack)[first + i];
+    argument = arguments_to_cpu(std::move(argument), plan.written[i], delegation);
+  }
+  delegation.check_no_foreign_device();
+  const c10::DeviceIndex device = delegation.device() >= 0
+                                      ? delegation.device()
+                                      : current_device_index();
+  if (plan.has_generator) {
+    for (size_t i = 0; i < num_arguments; ++i) {
+      if (!plan.is_generator[i]) continue;
+      c10::IValue& argument = (*stack)[first + i];
+      argument = engine_for(argument.isNone()
+                                ? std::nullopt
+                                : std::optional<at::Generator>(
+                                      argument.toGenerator()),
+                            device);
+    }
+  }
+
+  run_on_device(device, [&] {
+    CpuAllocationCapture capture(device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  });
+
+  delegation.write_back();
+  const size_t num_returns = stack->size() - first;
+  for (size_t i = 0; i < num_returns; ++i) {
+    c10::IValue& result = (*stack)[first + i];
+    result = result_from_cpu(std::move(result), delegation);
+  }
+}
+
+}  // namespace ember

@@ -1,0 +1,36 @@
+// Where every aten op goes on ember. Registration only: each line maps an
+// operator schema to its kernel; kernels live in ops/kernels/ and the
+// default path in ops/CpuDelegation.cpp.
+#include <torch/library.h>
+
+#include "ops/CpuDelegation.h"
+#include "ops/kernels/EmberKernels.h"
+
+namespace ember {
+
+// Native kernels: what delegation to CPU cannot express.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(kernels::empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(kernels::empty_strided));
+  m.impl("as_strided", TORCH_FN(kernels::as_strided));
+  m.impl("view", TORCH_FN(kernels::view));
+  m.impl("_reshape_alias", TORCH_FN(kernels::reshape_alias));
+  m.impl("resize_", TORCH_FN(kernels::resize_));
+  m.impl("set_.source_Storage", TORCH_FN(kernels::set_storage_));
+  m.impl("set_.source_Storage_storage_offset",
+         TORCH_FN(kernels::set_storage_offset_));
+  m.impl("set_.source_Tensor", TORCH_FN(kernels::set_tensor_));
+  m.impl("set_", TORCH_FN(kernels::set_empty_));
+  m.impl("_copy_from", TORCH_FN(kernels::copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(kernels::copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(kernels::local_scalar_dense));
+  m.impl("native_dropout", TORCH_FN(kernels::native_dropout));
+}
+
+// Everything else: the CPU kernel on aliases of the ember tensors.
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<
+             &cpu_delegation_fallback>());
+}
+
+}  // namespace ember

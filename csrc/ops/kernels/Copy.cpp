@@ -1,0 +1,45 @@
+// Copies into, out of and between ember devices, and reading one element
+// back to the host. Both ends are host memory, so CPU's copy kernel does the
+// work on aliases: any strides, dtype conversion and offset it supports.
+#include <ATen/ops/_local_scalar_dense.h>
+
+#include "ops/CpuAlias.h"
+#include "ops/DeviceScope.h"
+#include "ops/kernels/EmberKernels.h"
+
+namespace ember::kernels {
+namespace {
+
+at::Tensor host_view(const at::Tensor& t) {
+  return t.is_privateuseone() ? cpu_alias(t) : t;
+}
+
+}  // namespace
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
+                     bool /*non_blocking*/) {
+  const c10::DeviceIndex device =
+      dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  at::Tensor src_host = host_view(self);
+  at::Tensor dst_host = host_view(dst);
+  // Synchronous execution: a non_blocking copy has completed on return,
+  // which satisfies its contract.
+  run_on_device(device, [&] { dst_host.copy_(src_host); });
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, /*non_blocking=*/false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  c10::Scalar value;
+  // A synchronisation point: the value must reflect all queued work.
+  runtime::device(self.device().index()).synchronize();
+  run_on_device(self.device().index(),
+                [&] { value = at::_local_scalar_dense(cpu_alias(self)); });
+  return value;
+}
+
+}  // namespace ember::kernels

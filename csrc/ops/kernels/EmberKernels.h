@@ -1,0 +1,59 @@
+// ember's native kernels: the ops the CPU delegation cannot express
+// (allocation, views of ember storage, resize, copies across devices,
+// reading a scalar) and the ones where semantics require our own code
+// (random ops that must draw from the ember generator). Registration lives
+// in ops/RegisterEmberOps.cpp.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/core/Storage.h>
+
+#include <optional>
+#include <tuple>
+
+namespace ember::kernels {
+
+// Factories.cpp
+at::Tensor empty_memory_format(c10::IntArrayRef size,
+                               std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format);
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout,
+                         std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory);
+
+// Views.cpp
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size,
+                      c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset);
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size);
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size,
+                         c10::IntArrayRef stride);
+
+// Resize.cpp
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format);
+at::Tensor& set_storage_offset_(at::Tensor& self, c10::Storage source,
+                                int64_t storage_offset, c10::IntArrayRef size,
+                                c10::IntArrayRef stride);
+at::Tensor& set_storage_(at::Tensor& self, c10::Storage source);
+at::Tensor& set_tensor_(at::Tensor& self, const at::Tensor& source);
+at::Tensor& set_empty_(at::Tensor& self);
+
+// Copy.cpp
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
+                     bool non_blocking);
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+c10::Scalar local_scalar_dense(const at::Tensor& self);
+
+// Random.cpp
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
+                                                  double p,
+                                                  std::optional<bool> train);
+
+}  // namespace ember::kernels

@@ -1,0 +1,166 @@
+// torch_ember._C: the Python face of the C++ core. Thin by design: every
+// function forwards to the runtime or the glue layer.
+#include <ATen/autocast_mode.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "core/CpuAllocationCapture.h"
+#include "core/EmberAllocator.h"
+#include "core/EmberGenerator.h"
+#include "core/EmberHooks.h"
+#include "core/RuntimeErrors.h"
+#include "ember/runtime/cpu_features.h"
+#include "ember/runtime/device.h"
+#include "ops/FallbackStats.h"
+
+namespace py = pybind11;
+
+namespace ember {
+namespace {
+
+namespace rt = ember::runtime;
+
+py::dict stat_dict(const rt::Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+// Nested dict in the layout of torch.cuda.memory_stats_as_nested_dict().
+py::dict memory_stats(int device) {
+  const rt::MemoryStats s = translate_runtime_errors(
+      [&] { return rt::device(device).allocator().stats(); });
+  auto with_pool = [](const rt::Stat& stat) {
+    py::dict pools;
+    pools["all"] = stat_dict(stat);
+    return pools;
+  };
+  py::dict d;
+  d["allocation"] = with_pool(s.allocation);
+  d["segment"] = with_pool(s.segment);
+  d["active"] = with_pool(s.active);
+  d["inactive_split"] = with_pool(s.inactive_split);
+  d["allocated_bytes"] = with_pool(s.allocated_bytes);
+  d["reserved_bytes"] = with_pool(s.reserved_bytes);
+  d["active_bytes"] = with_pool(s.active_bytes);
+  d["inactive_split_bytes"] = with_pool(s.inactive_split_bytes);
+  d["requested_bytes"] = with_pool(s.requested_bytes);
+  d["num_alloc_retries"] = s.num_alloc_retries;
+  d["num_ooms"] = s.num_ooms;
+  d["num_device_alloc"] = s.num_device_alloc;
+  d["num_device_free"] = s.num_device_free;
+  return d;
+}
+
+py::dict device_properties(int device) {
+  const rt::DeviceProperties p = translate_runtime_errors(
+      [&] { return rt::device(device).properties(); });
+  py::dict d;
+  d["name"] = p.name;
+  d["index"] = p.index;
+  d["cores"] = p.cores;
+  d["numa_node"] = p.numa_node;
+  d["total_memory"] = p.total_memory;
+  d["isa"] = p.isa;
+  return d;
+}
+
+py::dict cpu_features() {
+  const rt::CpuFeatures& f = rt::cpu_features();
+  py::dict d;
+  d["vendor"] = f.vendor;
+  d["model_name"] = f.model_name;
+  d["sse4_2"] = f.sse4_2;
+  d["avx"] = f.avx;
+  d["avx2"] = f.avx2;
+  d["fma"] = f.fma;
+  d["f16c"] = f.f16c;
+  d["avx512f"] = f.avx512f;
+  d["avx512bw"] = f.avx512bw;
+  d["avx512vl"] = f.avx512vl;
+  d["avx512dq"] = f.avx512dq;
+  d["avx512_bf16"] = f.avx512_bf16;
+  d["avx512_vnni"] = f.avx512_vnni;
+  d["avx512_fp16"] = f.avx512_fp16;
+  d["avx_vnni"] = f.avx_vnni;
+  d["amx_tile"] = f.amx_tile;
+  d["amx_bf16"] = f.amx_bf16;
+  d["amx_int8"] = f.amx_int8;
+  d["best_isa"] = f.best_isa();
+  return d;
+}
+
+py::dict fallback_stats_dict() {
+  py::dict d;
+  for (const auto& [op, count] : fallback_stats()) {
+    py::dict entry;
+    entry["copies"] = count.copies;
+    entry["bytes"] = count.bytes;
+    d[py::str(op)] = entry;
+  }
+  return d;
+}
+
+// Raises at import for a bad EMBER_DEVICES, then wires the device into ATen.
+void initialize() {
+  translate_runtime_errors([] { return rt::device_count(); });
+  register_hooks();
+  install_cpu_allocation_capture();
+  at::autocast::set_autocast_dtype(at::kPrivateUse1, at::kBFloat16);
+}
+
+}  // namespace
+}  // namespace ember
+
+PYBIND11_MODULE(_C, m) {
+  using namespace ember;
+  m.doc() = "ember device backend (C++ core)";
+  m.def("_initialize", &initialize);
+  m.def("device_count", [] {
+    return translate_runtime_errors([] { return rt::device_count(); });
+  });
+  m.def("current_device", [] { return rt::current_device(); });
+  m.def("set_device", [](int device) {
+    translate_runtime_errors([&] { rt::set_current_device(device); });
+  });
+  m.def("synchronize", [](int device) {
+    translate_runtime_errors([&] { rt::device(device).synchronize(); });
+  });
+  m.def("device_properties", &device_properties);
+  m.def("cpu_features", &cpu_features);
+  m.def("default_generator", [](int device) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(
+        default_generator(static_cast<c10::DeviceIndex>(device))));
+  });
+
+  m.def("memory_stats", &memory_stats);
+  m.def("empty_cache", [] { device_allocator()->emptyCache(); });
+  m.def("reset_peak_memory_stats", [](int device) {
+    device_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("reset_accumulated_memory_stats", [](int device) {
+    device_allocator()->resetAccumulatedStats(
+        static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("mem_get_info", [](int device) {
+    return device_allocator()->getMemoryInfo(
+        static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("set_per_process_memory_fraction", [](double fraction, int device) {
+    set_memory_fraction(fraction, static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("memory_limit", [](int device) {
+    return translate_runtime_errors(
+        [&] { return rt::device(device).allocator().memory_limit(); });
+  });
+
+  m.def("fallback_stats", &fallback_stats_dict);
+  m.def("reset_fallback_stats", &reset_fallback_stats);
+  m.def("strict_mode", &strict_mode);
+  m.def("set_strict_mode", &set_strict_mode);
+}

@@ -1,0 +1,119 @@
+// Caching allocator for one ember device: host memory handed out the way a
+// GPU caching allocator hands out device memory. Plain C++, no torch headers.
+//
+// Requests are rounded up and served from segments obtained from the OS
+// (mmap). Freed blocks go back to size-binned free lists, are split to serve
+// smaller requests and coalesced with free neighbours. empty_cache() returns
+// every fully free segment to the OS. A memory limit bounds what the
+// allocator may reserve; exceeding it raises OutOfMemory after the cache
+// has been flushed once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+namespace ember::runtime {
+
+// Every pointer handed out is aligned to this many bytes (a cache line,
+// and the widest vector register).
+inline constexpr std::size_t kAlignment = 64;
+
+// One statistic in the shape torch.cuda.memory_stats reports it.
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;  // accumulated increases
+  int64_t freed = 0;      // accumulated decreases
+
+  void increase(int64_t amount);
+  void decrease(int64_t amount);
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = freed = 0; }
+};
+
+// Names follow c10::CachingDeviceAllocator::DeviceStats so the glue layer
+// maps them one to one.
+struct MemoryStats {
+  Stat allocation;                // blocks handed to clients
+  Stat segment;                   // segments obtained from the OS
+  Stat active;                    // blocks in use
+  Stat inactive_split;            // free blocks inside partly used segments
+  Stat allocated_bytes;           // bytes in blocks handed to clients (rounded)
+  Stat reserved_bytes;            // bytes in segments
+  Stat active_bytes;              // bytes in active blocks
+  Stat inactive_split_bytes;      // bytes in inactive split blocks
+  Stat requested_bytes;           // bytes clients asked for (unrounded)
+  int64_t num_alloc_retries = 0;  // cache flushes forced by the limit
+  int64_t num_ooms = 0;           // requests that failed after a flush
+  int64_t num_device_alloc = 0;   // segments mapped
+  int64_t num_device_free = 0;    // segments unmapped
+};
+
+// Raised when a request cannot be met within the memory limit. The
+// allocator's state is unchanged by the failed request.
+class OutOfMemory final : public std::runtime_error {
+ public:
+  OutOfMemory(int device, std::size_t requested, std::size_t allocated,
+              std::size_t reserved, std::size_t limit);
+  int device;
+  std::size_t requested;
+  std::size_t allocated;
+  std::size_t reserved;
+  std::size_t limit;
+};
+
+struct Block;  // opaque: a span of a segment
+
+// What allocate() hands out: the pointer, and the handle free() takes back.
+struct Allocation {
+  void* ptr = nullptr;
+  Block* block = nullptr;
+};
+
+class CachingAllocator final {
+ public:
+  // limit_bytes == 0 means the device's whole capacity (physical memory).
+  explicit CachingAllocator(int device_index, std::size_t limit_bytes = 0);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // nbytes == 0 returns an empty Allocation. Throws OutOfMemory.
+  Allocation allocate(std::size_t nbytes);
+  // Takes back a block from allocate(); nullptr is ignored.
+  void free(Block* block);
+
+  // Returns every cached block whose segment is entirely free to the OS.
+  void empty_cache();
+
+  MemoryStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+
+  void set_memory_limit(std::size_t bytes);  // 0 = capacity
+  std::size_t memory_limit() const;
+  // Physical memory the device can address (the machine's RAM).
+  std::size_t capacity() const { return capacity_; }
+
+  // True if ptr lies inside a segment of this allocator.
+  bool owns(const void* ptr) const;
+
+  int device_index() const { return device_index_; }
+
+ private:
+  struct State;
+  std::size_t memory_limit_locked() const;  // caller holds mutex_
+  const int device_index_;
+  const std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::unique_ptr<State> state_;
+};
+
+// Size a request is rounded up to (exposed for tests).
+std::size_t round_allocation_size(std::size_t nbytes);
+
+}  // namespace ember::runtime

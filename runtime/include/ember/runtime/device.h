@@ -1,0 +1,77 @@
+// The ember devices: how many there are, which one is current on this
+// thread, and what each one owns (its allocator and its streams).
+// Plain C++, no torch headers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ember/runtime/caching_allocator.h"
+#include "ember/runtime/stream.h"
+
+namespace ember::runtime {
+
+// Raised for a device index outside [0, device_count()).
+class InvalidDevice final : public std::out_of_range {
+ public:
+  InvalidDevice(int index, int count);
+  int index;
+  int count;
+};
+
+// Raised when EMBER_DEVICES does not hold an integer in [1, kMaxDevices].
+class InvalidConfiguration final : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+inline constexpr int kMaxDevices = 64;
+
+struct DeviceProperties {
+  std::string name;  // "ember (<cpu model>)"
+  int index = 0;
+  int cores = 0;      // cores this device's workers may use
+  int numa_node = 0;  // NUMA node its memory comes from
+  std::size_t total_memory = 0;
+  std::string isa;  // best vector ISA, e.g. "avx512"
+};
+
+class Device final {
+ public:
+  explicit Device(int index);
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  int index() const { return index_; }
+  CachingAllocator& allocator() { return allocator_; }
+  const DeviceProperties& properties() const { return properties_; }
+  StreamPool& streams() { return streams_; }
+
+  // Waits for all work on every stream of this device.
+  void synchronize();
+
+ private:
+  const int index_;
+  DeviceProperties properties_;
+  CachingAllocator allocator_;
+  StreamPool streams_;
+};
+
+// Parses EMBER_DEVICES once (default 1). Throws InvalidConfiguration.
+int device_count();
+// Parses a value of EMBER_DEVICES; exposed for tests. Throws
+// InvalidConfiguration naming the value and the allowed range.
+int parse_device_count(const char* value);
+
+// Throws InvalidDevice.
+Device& device(int index);
+void check_device_index(int index);
+
+// The current device is per thread, as in CUDA.
+int current_device();
+void set_current_device(int index);  // throws InvalidDevice
+
+}  // namespace ember::runtime

@@ -1,0 +1,158 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "ember/runtime/stream.h"
+
+namespace ember::runtime {
+namespace {
+
+TEST(StreamPool, StartsWithTheDefaultStream) {
+  StreamPool pool(2);
+  Stream& stream = pool.default_stream();
+  EXPECT_EQ(stream.id(), kDefaultStreamId);
+  EXPECT_EQ(stream.device_index(), 2);
+  EXPECT_EQ(stream.priority(), 0);
+  EXPECT_EQ(&pool.current(), &stream);
+  EXPECT_EQ(&pool.get(0), &stream);
+}
+
+TEST(StreamPool, CreateHandsOutIncreasingIds) {
+  StreamPool pool(0);
+  Stream& first = pool.create();
+  Stream& second = pool.create(-1);
+  Stream& third = pool.create(5);
+  EXPECT_EQ(first.id(), 1);
+  EXPECT_EQ(second.id(), 2);
+  EXPECT_EQ(third.id(), 3);
+  EXPECT_EQ(second.priority(), -1);
+  EXPECT_EQ(third.priority(), 5);
+  EXPECT_EQ(&pool.get(2), &second);
+  // Earlier references stay valid as the pool grows.
+  for (int i = 0; i < 100; ++i) pool.create();
+  EXPECT_EQ(&pool.get(1), &first);
+  EXPECT_EQ(first.id(), 1);
+}
+
+TEST(StreamPool, UnknownIdThrows) {
+  StreamPool pool(0);
+  pool.create();
+  EXPECT_THROW(pool.get(2), std::out_of_range);
+  EXPECT_THROW(pool.get(-1), std::out_of_range);
+  EXPECT_THROW(pool.set_current(7), std::out_of_range);
+  EXPECT_EQ(pool.current().id(), kDefaultStreamId);  // failed set is a no-op
+}
+
+TEST(StreamPool, CurrentStreamIsPerThread) {
+  StreamPool pool(0);
+  Stream& mine = pool.create();
+  Stream& theirs = pool.create();
+  pool.set_current(mine.id());
+  StreamId seen_by_other_thread = -1;
+  std::thread([&] {
+    seen_by_other_thread = pool.current().id();
+    pool.set_current(theirs.id());
+  }).join();
+  EXPECT_EQ(seen_by_other_thread, kDefaultStreamId);
+  EXPECT_EQ(&pool.current(), &mine);
+}
+
+TEST(StreamPool, CurrentStreamIsPerPool) {
+  StreamPool first(0);
+  StreamPool second(1);
+  first.set_current(first.create().id());
+  EXPECT_EQ(first.current().id(), 1);
+  EXPECT_EQ(second.current().id(), kDefaultStreamId);
+}
+
+TEST(StreamPool, NewPoolDoesNotInheritCurrentStream) {
+  {
+    StreamPool pool(0);
+    pool.set_current(pool.create().id());
+  }
+  StreamPool fresh(0);  // may reuse the old pool's address
+  EXPECT_EQ(fresh.current().id(), kDefaultStreamId);
+}
+
+TEST(Stream, RunExecutesWorkAndCountsIt) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  int value = 0;
+  EXPECT_EQ(stream.completed(), 0u);
+  stream.run([&] { value += 3; });
+  EXPECT_EQ(value, 3);
+  EXPECT_EQ(stream.completed(), 1u);
+  stream.run([&] { value *= 2; });
+  EXPECT_EQ(value, 6);
+  EXPECT_EQ(stream.completed(), 2u);
+  EXPECT_EQ(pool.default_stream().completed(), 0u);  // other streams unmoved
+}
+
+TEST(Event, RecordRemembersTheStreamDevice) {
+  StreamPool pool(3);
+  Event event;
+  EXPECT_FALSE(event.recorded());
+  EXPECT_EQ(event.device_index(), -1);
+  event.record(pool.default_stream());
+  EXPECT_TRUE(event.recorded());
+  EXPECT_EQ(event.device_index(), 3);
+  EXPECT_FALSE(event.timing_enabled());
+}
+
+TEST(Event, ElapsedTimeMeasuresTheGapBetweenRecords) {
+  StreamPool pool(0);
+  Stream& stream = pool.default_stream();
+  Event start(true), immediate(true), after_sleep(true);
+  start.record(stream);
+  immediate.record(stream);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  after_sleep.record(stream);
+  const double quick = start.elapsed_ms(immediate);
+  const double slow = start.elapsed_ms(after_sleep);
+  EXPECT_GE(quick, 0.0);
+  EXPECT_GE(slow, 20.0);
+  EXPECT_GT(slow, quick);
+  EXPECT_LT(slow, 10'000.0);  // milliseconds, not micro- or nanoseconds
+}
+
+TEST(Event, ElapsedTimeNeedsTwoTimedRecordedEvents) {
+  StreamPool pool(0);
+  Stream& stream = pool.default_stream();
+  Event timed(true), unrecorded(true), untimed(false);
+  timed.record(stream);
+  untimed.record(stream);
+
+  auto message_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const std::logic_error& error) {
+      return error.what();
+    }
+    return "no exception";
+  };
+  EXPECT_NE(message_of([&] { timed.elapsed_ms(unrecorded); }).find("recorded"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { unrecorded.elapsed_ms(timed); }).find("recorded"),
+            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { timed.elapsed_ms(untimed); }).find("enable_timing"),
+      std::string::npos);
+  EXPECT_NE(
+      message_of([&] { untimed.elapsed_ms(timed); }).find("enable_timing"),
+      std::string::npos);
+}
+
+TEST(Event, ElapsedTimeRejectsEventsOfDifferentDevices) {
+  StreamPool device0(0);
+  StreamPool device1(1);
+  Event start(true), end(true);
+  start.record(device0.default_stream());
+  end.record(device1.default_stream());
+  EXPECT_THROW(start.elapsed_ms(end), std::logic_error);
+}
+
+}  // namespace
+}  // namespace ember::runtime

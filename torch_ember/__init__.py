@@ -1,0 +1,57 @@
+"""ember: a PyTorch accelerator backend whose device runtime is ours.
+
+Importing this package (which ``import torch`` does through the
+``torch.backends`` entry point) loads the C++ core, renames PyTorch's
+PrivateUse1 backend to ``ember`` and registers ``torch.ember``::
+
+    import torch
+    model = model.to("ember")
+"""
+
+import torch
+
+from torch_ember import _C
+
+_C._initialize()  # raises for an invalid EMBER_DEVICES
+
+if torch._C._get_privateuse1_backend_name() != "ember":
+    torch.utils.rename_privateuse1_backend("ember")
+
+from torch_ember import ember as _device_module  # noqa: E402
+
+torch._register_device_module("ember", _device_module)
+torch.utils.generate_methods_for_privateuse1_backend(
+    for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+)
+
+__version__ = "0.1.0"
+
+
+def fallback_stats() -> dict[str, dict[str, int]]:
+    """Ops whose results had to be copied rather than used in place.
+
+    Returns ``{op_name: {"copies": n, "bytes": b}}``. Empty when every op ran
+    zero-copy. ``EMBER_STRICT=1`` (or :func:`set_strict`) turns such a copy
+    into an error naming the op.
+    """
+    return _C.fallback_stats()
+
+
+def reset_fallback_stats() -> None:
+    _C.reset_fallback_stats()
+
+
+def set_strict(strict: bool) -> None:
+    """Make a copying fallback an error (same as ``EMBER_STRICT=1``)."""
+    _C.set_strict_mode(bool(strict))
+
+
+def is_strict() -> bool:
+    return _C.strict_mode()
+
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group; importing did the work."""
+
+
+__all__ = ["fallback_stats", "reset_fallback_stats", "set_strict", "is_strict"]

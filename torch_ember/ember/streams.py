@@ -1,0 +1,98 @@
+"""Streams and events of ember devices, on PyTorch's generic torch.Stream/Event.
+
+Execution is synchronous today: work submitted to a stream has completed when
+the call returns, so ``query()`` is always True. The ordering semantics
+(record/wait/synchronize) hold and are what later asynchronous execution keeps.
+"""
+
+from typing import Any
+
+import torch
+
+from torch_ember.ember._utils import _device_index
+
+
+class Stream(torch.Stream):
+    """An ember stream. ``Stream()`` creates a new stream on the current device."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:  # rebuilding an existing stream
+            return super().__new__(cls, **kwargs)
+        index = _device_index(device, optional=True)
+        return super().__new__(cls, device=torch.device("ember", index), priority=priority)
+
+    def wait_event(self, event: "Event") -> None:
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+
+def _as_ember_stream(stream: torch.Stream) -> Stream:
+    return Stream(
+        stream_id=stream.stream_id,
+        device_index=stream.device_index,
+        device_type=stream.device_type,
+    )
+
+
+class Event(torch.Event):
+    """An ember event; ``enable_timing=True`` allows ``elapsed_time``."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess=False):
+        return super().__new__(
+            cls,
+            device=torch.device("ember", _device_index(None, optional=True)),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        super().record(stream if stream is not None else current_stream())
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        super().wait(stream if stream is not None else current_stream())
+
+
+def current_stream(device: Any = None) -> Stream:
+    return _as_ember_stream(torch.accelerator.current_stream(_device_index(device, optional=True)))
+
+
+def default_stream(device: Any = None) -> Stream:
+    current = torch.accelerator.current_stream(_device_index(device, optional=True))
+    return Stream(stream_id=0, device_index=current.device_index, device_type=current.device_type)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    """Makes ``stream`` current on its device; restores the previous stream on exit."""
+
+    def __init__(self, stream: torch.Stream | None):
+        self.stream = stream
+        self.previous: torch.Stream | None = None
+
+    def __enter__(self):
+        if self.stream is None:
+            return self
+        self.previous = torch.accelerator.current_stream(self.stream.device_index)
+        torch.accelerator.set_stream(self.stream)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.previous is not None:
+            torch.accelerator.set_stream(self.previous)
+        return False
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    return StreamContext(stream)
