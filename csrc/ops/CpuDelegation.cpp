@@ -79,9 +79,14 @@ const OpPlan& plan_for(const c10::FunctionSchema& schema) {
 // aliases, and which device the op runs on.
 class Delegation {
  public:
-  explicit Delegation(const OpPlan& plan) : plan_(plan) {}
+  explicit Delegation(const OpPlan& plan) : plan_(plan), scope_(-1) {}
 
   c10::DeviceIndex device() const { return device_; }
+  // Fixes the device the op runs on once all arguments have been seen.
+  void settle_device(c10::DeviceIndex device) {
+    device_ = device;
+    scope_.set_device(device);
+  }
 
   void note_device(c10::Device device) {
     if (device_ < 0) {
@@ -97,7 +102,7 @@ class Delegation {
     const c10::Device device = tensor.device();
     if (device.type() == c10::DeviceType::PrivateUse1) {
       note_device(device);
-      at::Tensor alias = cpu_alias(tensor);
+      at::Tensor alias = scope_.alias(tensor);
       swapped_.push_back({alias, tensor, written});
       return alias;
     }
@@ -124,25 +129,28 @@ class Delegation {
         return swap.original;  // in-place / out= ops return their argument
       }
     }
-    return adopt_cpu_result(result, device_, plan_.name);
+    return adopt_cpu_result(result, scope_, plan_.name);
   }
 
   // A CPU kernel may resize or re-point an out= argument; the ember tensor
   // must see the same storage and metadata afterwards.
   void write_back() {
+    scope_.sync_back(plan_.name);
     for (const auto& swap : swapped_) {
       if (!swap.written) continue;
       c10::TensorImpl* original = swap.original.unsafeGetTensorImpl();
       const at::Tensor& alias = swap.alias;
-      if (!alias.storage().is_alias_of(swap.original.storage())) {
+      const c10::Storage* ember = scope_.ember_storage_of(alias.storage());
+      if (ember == nullptr) {
+        // The kernel pointed the argument at other memory (set_).
         c10::Storage storage = alias.storage();
-        if (storage.device_type() != c10::DeviceType::PrivateUse1 &&
-            !adopt_storage(storage.unsafeGetStorageImpl(), device_)) {
-          TORCH_CHECK(false, plan_.name,
-                      " replaced the storage of an ember argument with "
-                      "foreign memory; this op is not supported on ember");
-        }
+        TORCH_CHECK(adopt_storage(storage.unsafeGetStorageImpl(), device_),
+                    plan_.name,
+                    " replaced the storage of an ember argument with "
+                    "foreign memory; this op is not supported on ember");
         original->set_storage_keep_dtype(std::move(storage));
+      } else if (!ember->is_alias_of(swap.original.storage())) {
+        original->set_storage_keep_dtype(*ember);
       }
       if (alias.sizes() != swap.original.sizes() ||
           alias.strides() != swap.original.strides() ||
@@ -162,6 +170,7 @@ class Delegation {
   const OpPlan& plan_;
   c10::DeviceIndex device_ = -1;
   std::optional<c10::Device> foreign_;
+  AliasScope scope_;
   c10::SmallVector<Swap, 4> swapped_;
 };
 
@@ -233,6 +242,7 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
   const c10::DeviceIndex device = delegation.device() >= 0
                                       ? delegation.device()
                                       : current_device_index();
+  delegation.settle_device(device);
   if (plan.has_generator) {
     for (size_t i = 0; i < num_arguments; ++i) {
       if (!plan.is_generator[i]) continue;

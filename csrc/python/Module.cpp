@@ -3,6 +3,7 @@
 #include <ATen/autocast_mode.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Event.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -14,6 +15,7 @@
 #include "ember/runtime/cpu_features.h"
 #include "ember/runtime/device.h"
 #include "ops/FallbackStats.h"
+#include "ops/RegisterEmberOps.h"
 
 namespace py = pybind11;
 
@@ -111,6 +113,7 @@ void initialize() {
   translate_runtime_errors([] { return rt::device_count(); });
   register_hooks();
   install_cpu_allocation_capture();
+  register_cpu_kernel_delegation();
   at::autocast::set_autocast_dtype(at::kPrivateUse1, at::kBFloat16);
 }
 
@@ -159,6 +162,16 @@ PYBIND11_MODULE(_C, m) {
         [&] { return rt::device(device).allocator().memory_limit(); });
   });
 
+  // torch.Event.elapsed_time insists on the exact torch.Event type; this
+  // accepts subclasses such as torch.ember.Event.
+  m.def("event_elapsed_time", [](py::handle start, py::handle end) {
+    TORCH_CHECK(THPEvent_Check(start.ptr()) && THPEvent_Check(end.ptr()),
+                "expected both events to be torch.Event objects");
+    const auto& a = reinterpret_cast<THPEvent*>(start.ptr())->event;
+    const auto& b = reinterpret_cast<THPEvent*>(end.ptr())->event;
+    return a.elapsedTime(b);
+  });
+  m.def("delegated_op_count", [] { return register_cpu_kernel_delegation(); });
   m.def("fallback_stats", &fallback_stats_dict);
   m.def("reset_fallback_stats", &reset_fallback_stats);
   m.def("strict_mode", &strict_mode);

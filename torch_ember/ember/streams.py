@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from torch_ember import _C
 from torch_ember.ember._utils import _device_index
 
 
@@ -58,6 +59,10 @@ class Event(torch.Event):
 
     def wait(self, stream: torch.Stream | None = None) -> None:
         super().wait(stream if stream is not None else current_stream())
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds between this event and ``end_event`` (both timed, recorded)."""
+        return _C.event_elapsed_time(self, end_event)
 
 
 def current_stream(device: Any = None) -> Stream:

@@ -1,0 +1,62 @@
+// ATen gives many ops both a CPU kernel and a device-generic composite
+// (CompositeExplicitAutograd[NonFunctional]). Without an ember kernel the
+// dispatcher picks the composite, which is a different algorithm (results
+// not bitwise equal to CPU) and often two dispatches instead of one (a
+// functional op lowered to empty + out=). So at load time every such op is
+// pointed at the CPU delegation explicitly: on ember, the exact CPU kernel
+// runs.
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+
+#include "ops/CpuDelegation.h"
+#include "ops/RegisterEmberOps.h"
+
+namespace ember {
+namespace {
+
+bool resolves_to_composite(const c10::OperatorHandle& op) {
+  using c10::DispatchKey;
+  return !op.hasKernelForDispatchKey(DispatchKey::PrivateUse1) &&
+         op.hasKernelForDispatchKey(DispatchKey::CPU) &&
+         (op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+          op.hasKernelForDispatchKey(
+              DispatchKey::CompositeExplicitAutogradNonFunctional));
+}
+
+// Ops whose composite must stay: they allocate on the target device or move
+// data between devices, which only the composite does right.
+bool keep_composite(const std::string& name) {
+  return name.rfind("_nested", 0) == 0 || name.rfind("_to_copy", 0) == 0 ||
+         name == "copy_" || name == "clone" || name == "lift_fresh";
+}
+
+}  // namespace
+
+int register_cpu_kernel_delegation() {
+  static std::unique_ptr<torch::Library> library;
+  static int registered = -1;
+  if (registered >= 0) return registered;
+  library = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+      __LINE__);
+  registered = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const std::string base = name.name.substr(6);
+    if (keep_composite(base)) continue;
+    const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op.has_value() || !resolves_to_composite(*op)) continue;
+    const std::string schema_name =
+        name.overload_name.empty() ? base : base + "." + name.overload_name;
+    library->impl(schema_name.c_str(),
+                  torch::CppFunction::makeFromBoxedFunction<
+                      &cpu_delegation_fallback>());
+    ++registered;
+  }
+  return registered;
+}
+
+}  // namespace ember
