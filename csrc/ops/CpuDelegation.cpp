@@ -12,7 +12,7 @@
 #include "core/CpuAllocationCapture.h"
 #include "core/EmberGenerator.h"
 #include "core/RuntimeErrors.h"
-#include "ops/CpuAlias.h"
+#include "ops/DelegationCall.h"
 #include "ops/DeviceScope.h"
 #include "ops/FallbackStats.h"
 
@@ -65,117 +65,8 @@ const OpPlan& plan_for(const c10::FunctionSchema& schema) {
   return plans.emplace(&schema, std::move(plan)).first->second;
 }
 
-[[noreturn]] void throw_device_mismatch(c10::Device a, c10::Device b,
-                                        const OpPlan& plan) {
-  // Same type and wording as CUDA's check, plus the op.
-  TORCH_CHECK(false,
-              "Expected all tensors to be on the same device, but found at "
-              "least two devices, ",
-              a, " and ", b, "! (when checking arguments for ", plan.name,
-              ")");
-}
-
-// The per-call bookkeeping: which ember tensors were swapped for which
-// aliases, and which device the op runs on.
-class Delegation {
- public:
-  explicit Delegation(const OpPlan& plan) : plan_(plan), scope_(-1) {}
-
-  c10::DeviceIndex device() const { return device_; }
-  // Fixes the device the op runs on once all arguments have been seen.
-  void settle_device(c10::DeviceIndex device) {
-    device_ = device;
-    scope_.set_device(device);
-  }
-
-  void note_device(c10::Device device) {
-    if (device_ < 0) {
-      device_ = device.index();
-    } else if (device.index() != device_) {
-      throw_device_mismatch(
-          c10::Device(c10::DeviceType::PrivateUse1, device_), device, plan_);
-    }
-  }
-
-  at::Tensor to_cpu(const at::Tensor& tensor, bool written) {
-    if (!tensor.defined()) return tensor;
-    const c10::Device device = tensor.device();
-    if (device.type() == c10::DeviceType::PrivateUse1) {
-      note_device(device);
-      at::Tensor alias = scope_.alias(tensor);
-      swapped_.push_back({alias, tensor, written});
-      return alias;
-    }
-    // A CPU tensor beside ember tensors is accepted where CUDA accepts it:
-    // 0-dim read-only scalars, and host index tensors for indexing ops.
-    const bool allowed = device.type() == c10::DeviceType::CPU && !written &&
-                         (tensor.dim() == 0 || plan_.accepts_cpu_tensors);
-    if (!allowed && !foreign_.has_value()) foreign_ = device;
-    return tensor;
-  }
-
-  void check_no_foreign_device() const {
-    if (foreign_.has_value()) {
-      throw_device_mismatch(
-          c10::Device(c10::DeviceType::PrivateUse1, std::max<int>(device_, 0)),
-          *foreign_, plan_);
-    }
-  }
-
-  at::Tensor from_cpu(const at::Tensor& result) {
-    if (!result.defined()) return result;
-    for (const auto& swap : swapped_) {
-      if (swap.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) {
-        return swap.original;  // in-place / out= ops return their argument
-      }
-    }
-    return adopt_cpu_result(result, scope_, plan_.name);
-  }
-
-  // A CPU kernel may resize or re-point an out= argument; the ember tensor
-  // must see the same storage and metadata afterwards.
-  void write_back() {
-    scope_.sync_back(plan_.name);
-    for (const auto& swap : swapped_) {
-      if (!swap.written) continue;
-      c10::TensorImpl* original = swap.original.unsafeGetTensorImpl();
-      const at::Tensor& alias = swap.alias;
-      const c10::Storage* ember = scope_.ember_storage_of(alias.storage());
-      if (ember == nullptr) {
-        // The kernel pointed the argument at other memory (set_).
-        c10::Storage storage = alias.storage();
-        TORCH_CHECK(adopt_storage(storage.unsafeGetStorageImpl(), device_),
-                    plan_.name,
-                    " replaced the storage of an ember argument with "
-                    "foreign memory; this op is not supported on ember");
-        original->set_storage_keep_dtype(std::move(storage));
-      } else if (!ember->is_alias_of(swap.original.storage())) {
-        original->set_storage_keep_dtype(*ember);
-      }
-      if (alias.sizes() != swap.original.sizes() ||
-          alias.strides() != swap.original.strides() ||
-          alias.storage_offset() != swap.original.storage_offset()) {
-        original->set_sizes_and_strides(alias.sizes(), alias.strides(),
-                                        alias.storage_offset());
-      }
-    }
-  }
-
- private:
-  struct Swap {
-    at::Tensor alias;
-    at::Tensor original;
-    bool written;
-  };
-  const OpPlan& plan_;
-  c10::DeviceIndex device_ = -1;
-  std::optional<c10::Device> foreign_;
-  AliasScope scope_;
-  c10::SmallVector<Swap, 4> swapped_;
-};
-
 c10::IValue arguments_to_cpu(c10::IValue value, bool written,
-                             Delegation& delegation) {
+                             DelegationCall& delegation) {
   if (value.isTensor()) {
     return delegation.to_cpu(value.toTensor(), written);
   }
@@ -200,18 +91,14 @@ c10::IValue arguments_to_cpu(c10::IValue value, bool written,
   if (value.isDevice()) {
     const c10::Device device = value.toDevice();
     if (device.type() == c10::DeviceType::PrivateUse1) {
-      if (device.has_index()) {
-        translate_runtime_errors(
-            [&] { runtime::check_device_index(device.index()); });
-        delegation.note_device(device);
-      }
+      if (device.has_index()) delegation.note_device(device);
       return c10::Device(c10::DeviceType::CPU);
     }
   }
   return value;
 }
 
-c10::IValue result_from_cpu(c10::IValue value, Delegation& delegation) {
+c10::IValue result_from_cpu(c10::IValue value, DelegationCall& delegation) {
   if (value.isTensor()) return delegation.from_cpu(value.toTensor());
   if (value.isTensorList()) {
     auto list = value.toTensorList();
@@ -233,16 +120,13 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
   const size_t num_arguments = schema.arguments().size();
   const size_t first = stack->size() - num_arguments;
 
-  Delegation delegation(plan);
+  DelegationCall delegation(plan.name, plan.accepts_cpu_tensors);
   for (size_t i = 0; i < num_arguments; ++i) {
     c10::IValue& argument = (*stack)[first + i];
     argument = arguments_to_cpu(std::move(argument), plan.written[i], delegation);
   }
-  delegation.check_no_foreign_device();
-  const c10::DeviceIndex device = delegation.device() >= 0
-                                      ? delegation.device()
-                                      : current_device_index();
-  delegation.settle_device(device);
+  delegation.settle();
+  const c10::DeviceIndex device = delegation.device();
   if (plan.has_generator) {
     for (size_t i = 0; i < num_arguments; ++i) {
       if (!plan.is_generator[i]) continue;

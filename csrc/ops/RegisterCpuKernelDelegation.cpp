@@ -32,6 +32,13 @@ bool keep_composite(const std::string& name) {
          name == "copy_" || name == "clone" || name == "lift_fresh";
 }
 
+// Composites that would route a PrivateUse1 tensor to a *_overrideable stub
+// (which only throws); delegating the whole composite runs CPU's path.
+bool composite_calls_overrideable(const std::string& name) {
+  return name == "convolution" || name == "convolution_backward" ||
+         name == "_convolution" || name == "_convolution.deprecated";
+}
+
 }  // namespace
 
 int register_cpu_kernel_delegation() {
@@ -48,9 +55,14 @@ int register_cpu_kernel_delegation() {
     const std::string base = name.name.substr(6);
     if (keep_composite(base)) continue;
     const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
-    if (!op.has_value() || !resolves_to_composite(*op)) continue;
+    if (!op.has_value()) continue;
     const std::string schema_name =
         name.overload_name.empty() ? base : base + "." + name.overload_name;
+    if (!resolves_to_composite(*op) &&
+        !(composite_calls_overrideable(schema_name) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))) {
+      continue;
+    }
     library->impl(schema_name.c_str(),
                   torch::CppFunction::makeFromBoxedFunction<
                       &cpu_delegation_fallback>());

@@ -31,6 +31,7 @@ StreamPool::StreamPool(int device_index)
       serial_(next_pool_serial.fetch_add(1, std::memory_order_relaxed)) {
   streams_.push_back(
       std::make_unique<Stream>(device_index_, kDefaultStreamId, 0));
+  default_stream_ = streams_.front().get();
 }
 
 Stream& StreamPool::create(int priority) {
@@ -54,13 +55,19 @@ Stream& StreamPool::get(StreamId id) {
 
 Stream& StreamPool::current() {
   const auto& ids = current_stream_ids();
+  // Hot path of every op: no stream was ever made current on this thread.
+  if (ids.empty()) return *default_stream_;
   const auto it = ids.find(serial_);
   return get(it == ids.end() ? kDefaultStreamId : it->second);
 }
 
 void StreamPool::set_current(StreamId id) {
   get(id);  // validates
-  current_stream_ids()[serial_] = id;
+  if (id == kDefaultStreamId) {
+    current_stream_ids().erase(serial_);  // keeps current()'s fast path
+  } else {
+    current_stream_ids()[serial_] = id;
+  }
 }
 
 void StreamPool::synchronize_all() {

@@ -60,7 +60,7 @@ class StreamPool final {
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
-  Stream& default_stream() { return *streams_.front(); }
+  Stream& default_stream() { return *default_stream_; }
   Stream& create(int priority = 0);
   // Throws std::out_of_range for an id this pool never handed out.
   Stream& get(StreamId id);
@@ -75,6 +75,7 @@ class StreamPool final {
   const uint64_t serial_;
   mutable std::mutex mutex_;
   std::deque<std::unique_ptr<Stream>> streams_;  // index == id
+  Stream* default_stream_;  // streams_[0], readable without the lock
 };
 
 class Event final {

@@ -1,0 +1,92 @@
+#include "ops/DelegationCall.h"
+
+#include <c10/util/Exception.h>
+
+#include "core/RuntimeErrors.h"
+#include "ops/DeviceScope.h"
+
+namespace ember {
+
+void DelegationCall::throw_device_mismatch(c10::Device a, c10::Device b) const {
+  // Same type and wording as CUDA's check, plus the op.
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ",
+              a, " and ", b, "! (when checking arguments for ", op_name_, ")");
+}
+
+void DelegationCall::note_device(c10::Device device) {
+  if (device_ < 0) {
+    translate_runtime_errors(
+        [&] { runtime::check_device_index(device.index()); });
+    device_ = device.index();
+  } else if (device.index() != device_) {
+    throw_device_mismatch(c10::Device(c10::DeviceType::PrivateUse1, device_),
+                          device);
+  }
+}
+
+at::Tensor DelegationCall::to_cpu(const at::Tensor& tensor, bool written) {
+  if (!tensor.defined()) return tensor;
+  const c10::Device device = tensor.device();
+  if (device.type() == c10::DeviceType::PrivateUse1) {
+    note_device(device);
+    at::Tensor alias = scope_.alias(tensor);
+    swapped_.push_back({alias, tensor, written});
+    return alias;
+  }
+  // A CPU tensor beside ember tensors is accepted where CUDA accepts it:
+  // 0-dim read-only scalars, and host index tensors for indexing ops.
+  const bool allowed = device.type() == c10::DeviceType::CPU && !written &&
+                       (tensor.dim() == 0 || accepts_cpu_tensors_);
+  if (!allowed && !foreign_.has_value()) foreign_ = device;
+  return tensor;
+}
+
+void DelegationCall::settle() {
+  if (device_ < 0) device_ = current_device_index();
+  scope_.set_device(device_);
+  if (foreign_.has_value()) {
+    throw_device_mismatch(c10::Device(c10::DeviceType::PrivateUse1, device_),
+                          *foreign_);
+  }
+}
+
+at::Tensor DelegationCall::from_cpu(const at::Tensor& result) {
+  if (!result.defined()) return result;
+  for (const Swap& swap : swapped_) {
+    if (swap.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) {
+      return swap.original;  // in-place / out= ops return their argument
+    }
+  }
+  return adopt_cpu_result(result, scope_, op_name_);
+}
+
+void DelegationCall::write_back() {
+  scope_.sync_back(op_name_);
+  for (const Swap& swap : swapped_) {
+    if (!swap.written) continue;
+    c10::TensorImpl* original = swap.original.unsafeGetTensorImpl();
+    const at::Tensor& alias = swap.alias;
+    const c10::Storage* ember = scope_.ember_storage_of(alias.storage());
+    if (ember == nullptr) {
+      // The kernel pointed the argument at other memory (set_).
+      c10::Storage storage = alias.storage();
+      TORCH_CHECK(adopt_storage(storage.unsafeGetStorageImpl(), device_),
+                  op_name_,
+                  " replaced the storage of an ember argument with foreign "
+                  "memory; this op is not supported on ember");
+      original->set_storage_keep_dtype(std::move(storage));
+    } else if (!ember->is_alias_of(swap.original.storage())) {
+      original->set_storage_keep_dtype(*ember);
+    }
+    if (alias.sizes() != swap.original.sizes() ||
+        alias.strides() != swap.original.strides() ||
+        alias.storage_offset() != swap.original.storage_offset()) {
+      original->set_sizes_and_strides(alias.sizes(), alias.strides(),
+                                      alias.storage_offset());
+    }
+  }
+}
+
+}  // namespace ember

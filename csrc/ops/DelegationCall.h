@@ -1,0 +1,61 @@
+// The bookkeeping of one delegated op call, shared by the boxed fallback
+// (ops/CpuDelegation.cpp) and the unboxed hot-op path
+// (ops/UnboxedDelegation.h): which ember tensors were swapped for which CPU
+// aliases, which device the op runs on, the device checks, and turning CPU
+// results back into ember tensors.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
+
+#include <optional>
+#include <string_view>
+
+#include "ops/CpuAlias.h"
+
+namespace ember {
+
+class DelegationCall final {
+ public:
+  DelegationCall(std::string_view op_name, bool accepts_cpu_tensors)
+      : op_name_(op_name), accepts_cpu_tensors_(accepts_cpu_tensors),
+        scope_(-1) {}
+
+  // An argument on its way to the CPU kernel: ember tensors become aliases,
+  // CPU tensors pass if CUDA would accept them here.
+  at::Tensor to_cpu(const at::Tensor& tensor, bool written);
+
+  // Records an ember device named by a Device argument (validated).
+  void note_device(c10::Device device);
+
+  // After all arguments: fixes the op's device (the current device when
+  // nothing named one) and raises for a CPU tensor CUDA would reject.
+  void settle();
+  c10::DeviceIndex device() const { return device_; }
+
+  // A CPU kernel result, as the ember tensor it stands for.
+  at::Tensor from_cpu(const at::Tensor& result);
+
+  // Makes the ember arguments reflect what the kernel did to their aliases
+  // (storage reallocated by a resize, new sizes/strides, set_).
+  void write_back();
+
+  std::string_view op_name() const { return op_name_; }
+
+ private:
+  struct Swap {
+    at::Tensor alias;
+    at::Tensor original;
+    bool written;
+  };
+  [[noreturn]] void throw_device_mismatch(c10::Device a, c10::Device b) const;
+
+  std::string_view op_name_;
+  bool accepts_cpu_tensors_;
+  c10::DeviceIndex device_ = -1;
+  std::optional<c10::Device> foreign_;
+  AliasScope scope_;
+  c10::SmallVector<Swap, 4> swapped_;
+};
+
+}  // namespace ember

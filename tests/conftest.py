@@ -1,0 +1,81 @@
+"""Shared fixtures for the ember test suite.
+
+Run with ``EMBER_DEVICES=2`` to exercise the multi-device tests; without it
+there is one ember device and tests marked ``requires_two_devices`` skip.
+"""
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_ember  # noqa: F401  (registers the backend even without autoload)
+
+NUM_DEVICES = torch.ember.device_count()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "requires_two_devices: needs at least two ember devices (EMBER_DEVICES>=2)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if NUM_DEVICES >= 2:
+        return
+    skip = pytest.mark.skip(reason="needs two ember devices (run with EMBER_DEVICES=2)")
+    for item in items:
+        if "requires_two_devices" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _restore_device_and_streams():
+    """Every test starts on ember:0 with default streams and leaves it that way."""
+    torch.ember.set_device(0)
+    yield
+    for index in range(NUM_DEVICES):
+        torch.ember.set_stream(torch.ember.default_stream(index))
+    torch.ember.set_device(0)
+
+
+@pytest.fixture
+def clean_memory():
+    """Frees cached blocks and resets peak statistics of every ember device."""
+    gc.collect()
+    torch.ember.empty_cache()
+    for index in range(NUM_DEVICES):
+        torch.ember.reset_peak_memory_stats(index)
+    yield
+    gc.collect()
+    torch.ember.empty_cache()
+
+
+@pytest.fixture
+def run_python():
+    """Runs ``python -c code`` in a fresh interpreter with environment overrides.
+
+    ``env`` maps variable names to values; a value of ``None`` removes the
+    variable. Returns the CompletedProcess (text mode).
+    """
+
+    def run(code: str, env: dict[str, str | None] | None = None, timeout: float = 120):
+        environment = dict(os.environ)
+        for key, value in (env or {}).items():
+            if value is None:
+                environment.pop(key, None)
+            else:
+                environment[key] = value
+        return subprocess.run(
+            [sys.executable, "-c", code],
+            env=environment,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    return run

@@ -1,0 +1,243 @@
+"""Ops on ember run CPU's kernels on the same bytes: results must be bitwise equal.
+
+Also covers the delegation mechanics: in-place ops, out= arguments that must
+be resized, ops returning views of their inputs, zero-copy accounting and
+strict mode.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_ember
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+    torch.complex64,
+]
+
+
+def make(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point or dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    return torch.randint(-50, 50, shape, generator=g, dtype=dtype)
+
+
+def same(ember_result, cpu_result):
+    if isinstance(cpu_result, (tuple, list)):
+        assert len(ember_result) == len(cpu_result)
+        for e, c in zip(ember_result, cpu_result, strict=True):
+            same(e, c)
+        return
+    if not isinstance(cpu_result, torch.Tensor):
+        assert ember_result == cpu_result
+        return
+    assert ember_result.device.type == "ember"
+    assert ember_result.dtype == cpu_result.dtype
+    assert ember_result.shape == cpu_result.shape
+    assert ember_result.stride() == cpu_result.stride()
+    torch.testing.assert_close(ember_result.cpu(), cpu_result, rtol=0, atol=0, equal_nan=True)
+
+
+UNARY = {
+    "neg": lambda x: -x,
+    "abs": torch.abs,
+    "clone": torch.clone,
+    "flip": lambda x: x.flip(0),
+    "cumsum": lambda x: x.cumsum(0),
+    "sum": lambda x: x.sum(0),
+    "amax": lambda x: x.amax(1),
+    "sort": lambda x: x.sort(1),
+    "argsort": lambda x: x.argsort(dim=1, stable=True),
+    "transpose_contig": lambda x: x.t().contiguous(),
+    "cat": lambda x: torch.cat([x, x], 1),
+    "where": lambda x: torch.where(x == x, x, x),
+    "roll": lambda x: x.roll(2, 1),
+    "eq": lambda x: x == x.flip(0),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_unary_family_bitwise(name, dtype):
+    fn = UNARY[name]
+    x = make((5, 7), dtype)
+    try:
+        expected = fn(x)
+    except (RuntimeError, NotImplementedError) as error:
+        # Unsupported on CPU too: ember must raise the same type.
+        with pytest.raises(type(error)):
+            fn(x.to("ember"))
+        return
+    same(fn(x.to("ember")), expected)
+
+
+FLOAT_OPS = {
+    "matmul": lambda a, b: a @ b.T,
+    "addmm": lambda a, b: torch.addmm(a[:, :5], a, b.T[:, :5]),
+    "bmm": lambda a, b: torch.bmm(a[None], b.T[None]),
+    "softmax": lambda a, b: a.softmax(-1),
+    "log_softmax": lambda a, b: a.log_softmax(0),
+    "layer_norm": lambda a, b: F.layer_norm(a, (7,), b[0], b[1]),
+    "group_norm": lambda a, b: F.group_norm(a[None], 5),
+    "gelu": lambda a, b: F.gelu(a),
+    "silu": lambda a, b: F.silu(a),
+    "var_mean": lambda a, b: torch.var_mean(a, 1),
+    "norm": lambda a, b: torch.linalg.vector_norm(a, dim=1),
+    "pow": lambda a, b: a.abs().pow(b.abs()),
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+    "linalg_solve": lambda a, b: torch.linalg.solve(a[:, :5] @ a[:, :5].T + 5 * torch.eye(5), a),
+    "topk": lambda a, b: a.topk(3, dim=1),
+    "median": lambda a, b: a.median(dim=1),
+    "unique": lambda a, b: torch.unique(a.round(), return_counts=True),
+    "nonzero": lambda a, b: (a > 0).nonzero(),
+    "masked_select": lambda a, b: a.masked_select(a > 0),
+    "embedding": lambda a, b: F.embedding(torch.tensor([[0, 2], [4, 1]]), a),
+    "conv2d": lambda a, b: F.conv2d(a[None, None], b[None, None, :3, :3], padding=1),
+    "max_pool2d": lambda a, b: F.max_pool2d(a[None, None], 2),
+    "interpolate": lambda a, b: F.interpolate(a[None, None], scale_factor=2, mode="bilinear"),
+    "sdpa": lambda a, b: F.scaled_dot_product_attention(a[None], b[None], a[None], is_causal=True),
+    "cross_entropy": lambda a, b: F.cross_entropy(a, torch.tensor([0, 1, 2, 3, 4])),
+    "gather": lambda a, b: a.gather(1, torch.tensor([[0, 1], [2, 3], [4, 5], [6, 0], [1, 2]])),
+    "index_select": lambda a, b: a.index_select(1, torch.tensor([6, 0, 3])),
+    "fft": lambda a, b: torch.fft.rfft(a),
+    "complex_mul": lambda a, b: torch.complex(a, b) * torch.complex(b, a),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("name", sorted(FLOAT_OPS))
+def test_float_ops_bitwise(name, dtype):
+    fn = FLOAT_OPS[name]
+    a, b = make((5, 7), dtype, 1), make((5, 7), dtype, 2)
+    expected = fn(a, b)
+
+    def on_ember(*tensors):
+        # Index tensors built inside fn stay on CPU; move them like a user would.
+        return fn(*tensors)
+
+    if name in {"cross_entropy", "gather", "index_select", "embedding", "linalg_solve"}:
+        with torch.device("ember"):
+            result = fn(a.to("ember"), b.to("ember"))
+    else:
+        result = on_ember(a.to("ember"), b.to("ember"))
+    same(result, expected)
+
+
+def test_inplace_op_writes_the_ember_tensor_and_returns_it():
+    x = make((4, 6), torch.float32)
+    e = x.to("ember")
+    returned = e.add_(1.5)
+    assert returned is e
+    same(e, x + 1.5)
+
+
+def test_inplace_on_a_view_reaches_the_base():
+    x = make((4, 6), torch.float32)
+    e = x.to("ember")
+    e[:, 2:4].mul_(0)
+    x[:, 2:4].mul_(0)
+    same(e, x)
+
+
+def test_out_argument_is_resized_in_place_without_copy():
+    x = make((8, 16), torch.float32)
+    e = x.to("ember")
+    out = torch.empty(0, device="ember")
+    storage_before = out.untyped_storage()
+    result = torch.mm(e, e.T, out=out)
+    assert result is out
+    assert out.shape == (8, 8)
+    assert out.untyped_storage()._cdata == storage_before._cdata  # same StorageImpl grown
+    same(out, x @ x.T)
+
+
+def test_out_argument_of_right_size_keeps_its_memory():
+    e = make((8, 8), torch.float32).to("ember")
+    out = torch.empty(8, 8, device="ember")
+    pointer = out.data_ptr()
+    torch.add(e, e, out=out)
+    assert out.data_ptr() == pointer
+
+
+def test_view_returned_by_a_delegated_op_shares_memory():
+    e = make((6, 6), torch.float32).to("ember")
+    windows = e.unfold(0, 2, 2)  # CPU kernel returns a view of its input
+    assert windows.device.type == "ember"
+    assert windows.data_ptr() == e.data_ptr()
+    windows.zero_()
+    assert e.abs().sum().item() == 0.0
+
+
+def test_split_returns_views_on_ember():
+    e = make((6, 4), torch.float32).to("ember")
+    parts = e.split(2)
+    assert all(p.device.type == "ember" for p in parts)
+    assert parts[1].data_ptr() == e.data_ptr() + 2 * 4 * 4
+
+
+def test_new_results_are_adopted_without_copies():
+    torch_ember.reset_fallback_stats()
+    e = make((16, 16), torch.float32).to("ember")
+    before = torch.ember.memory_allocated()
+    outputs = [e @ e, e.sort(1)[0], (e > 0).nonzero(), torch.cat([e, e]), e.softmax(1)]
+    assert torch.ember.memory_allocated() > before  # outputs live in the ember pool
+    assert torch_ember.fallback_stats() == {}
+    del outputs
+
+
+def test_strict_mode_is_off_by_default_and_toggles():
+    assert not torch_ember.is_strict()
+    torch_ember.set_strict(True)
+    try:
+        assert torch_ember.is_strict()
+        e = make((4, 4), torch.float32).to("ember")
+        same(e + e, make((4, 4), torch.float32) * 2)  # zero-copy ops still run
+    finally:
+        torch_ember.set_strict(False)
+
+
+def test_scalar_ops_and_item():
+    x = make((3, 3), torch.float64)
+    e = x.to("ember")
+    assert (e * 2 + 1).sum().item() == (x * 2 + 1).sum().item()
+    assert bool((e == e).all())
+    assert e[1, 2].item() == x[1, 2].item()
+
+
+def test_factories_on_ember():
+    same(torch.arange(10, device="ember"), torch.arange(10))
+    same(torch.zeros(3, 4, device="ember"), torch.zeros(3, 4))
+    same(torch.full((2, 3), 7, device="ember"), torch.full((2, 3), 7))
+    same(torch.eye(4, device="ember"), torch.eye(4))
+    same(torch.linspace(0, 1, 5, device="ember"), torch.linspace(0, 1, 5))
+    e = torch.empty_strided((3, 4), (1, 3), device="ember")
+    assert e.stride() == (1, 3)
+
+
+def test_resize_and_set():
+    e = torch.tensor([1.0, 2.0, 3.0], device="ember")
+    e.resize_(6)
+    assert e.shape == (6,) and e[:3].cpu().tolist() == [1.0, 2.0, 3.0]
+    f = torch.empty(0, device="ember")
+    f.set_(e.untyped_storage(), 0, (2, 3), (3, 1))
+    assert f.data_ptr() == e.data_ptr()
+    same(f, e.cpu().view(2, 3))
+
+
+def test_foreach_ops():
+    xs = [make((3, 4), torch.float32, i) for i in range(3)]
+    es = [x.to("ember") for x in xs]
+    torch._foreach_add_(es, 1.0)
+    for e, x in zip(es, xs, strict=True):
+        same(e, x + 1.0)
