@@ -12,13 +12,13 @@ demo: setup
 
 test: setup
 	cd build && ctest --output-on-failure
-	$(PY) -m pytest -q tests
+	EMBER_DEVICES=2 $(PY) -m pytest -q tests
 
 test-cpp: setup
 	cd build && ctest --output-on-failure
 
 test-py: setup
-	$(PY) -m pytest -q tests
+	EMBER_DEVICES=2 $(PY) -m pytest -q tests
 
 bench-overhead: setup
 	$(PY) benchmarks/op_overhead.py

@@ -27,7 +27,6 @@ req_hash=$(sha256sum requirements-dev.txt | cut -c1-16)
 if [ ! -f "$VENV/.req-$req_hash" ]; then
   echo "[setup] creating venv and installing requirements-dev.txt"
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip==24.3.1
   "$VENV/bin/pip" install -q -r requirements-dev.txt
   rm -f "$VENV"/.req-*
   touch "$VENV/.req-$req_hash"

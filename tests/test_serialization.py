@@ -73,7 +73,7 @@ def test_views_keep_sharing_storage():
 
 
 def _module() -> torch.nn.Module:
-    torch.manual_seed(0)
+    torch.default_generator.manual_seed(0)  # parameters are initialised on the CPU
     return torch.nn.Sequential(
         torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.ReLU(), torch.nn.Linear(4, 2)
     )

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "core/RuntimeErrors.h"
@@ -29,6 +30,27 @@ constexpr auto make_deleters(std::index_sequence<I...>) {
 
 constexpr auto kDeleters =
     make_deleters(std::make_index_sequence<rt::kMaxDevices>());
+
+// allocate_for_cpu_kernel puts this in front of the bytes it hands out, so
+// the block can be found from the pointer alone.
+struct alignas(64) CpuKernelHeader {
+  static constexpr uint64_t kMagic = 0x656d6265722d6870;  // "ember-hp"
+  uint64_t magic;
+  int64_t device;
+  rt::Block* block;
+};
+static_assert(sizeof(CpuKernelHeader) == rt::kAlignment);
+
+CpuKernelHeader* header_of(void* data) {
+  return reinterpret_cast<CpuKernelHeader*>(static_cast<char*>(data) -
+                                            sizeof(CpuKernelHeader));
+}
+
+void free_cpu_kernel_block(void* data) {
+  CpuKernelHeader* header = header_of(data);
+  header->magic = 0;
+  rt::device(static_cast<int>(header->device)).allocator().free(header->block);
+}
 
 void copy_stat(const rt::Stat& from, c10::CachingAllocator::StatArray& to) {
   auto& aggregate =
@@ -59,6 +81,31 @@ c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
   }
   return c10::DataPtr(allocation.ptr, allocation.block, kDeleters[device],
                       tag_device);
+}
+
+c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(
+    c10::DeviceIndex device, size_t nbytes) {
+  const c10::Device cpu(c10::DeviceType::CPU);
+  if (nbytes == 0) return c10::DataPtr(nullptr, cpu);
+  rt::Allocation allocation = translate_runtime_errors([&] {
+    return rt::device(device).allocator().allocate(nbytes +
+                                                   sizeof(CpuKernelHeader));
+  });
+  auto* header = new (allocation.ptr)
+      CpuKernelHeader{CpuKernelHeader::kMagic, device, allocation.block};
+  void* data = header + 1;
+  return c10::DataPtr(data, data, &free_cpu_kernel_block, cpu);
+}
+
+bool free_cpu_kernel_memory(void* data) {
+  if (data == nullptr) return false;
+  for (int i = 0; i < rt::device_count(); ++i) {
+    if (rt::device(i).allocator().owns(data)) {
+      free_cpu_kernel_block(data);
+      return true;
+    }
+  }
+  return false;
 }
 
 void EmberDeviceAllocator::copy_data(void* dest, const void* src,
@@ -121,6 +168,9 @@ EmberDeviceAllocator* device_allocator() {
 
 std::optional<c10::DeviceIndex> pool_device_of(const c10::DataPtr& data_ptr) {
   const c10::DeleterFnPtr deleter = data_ptr.get_deleter();
+  if (deleter == &free_cpu_kernel_block) {
+    return static_cast<c10::DeviceIndex>(header_of(data_ptr.get())->device);
+  }
   for (size_t i = 0; i < kDeleters.size(); ++i) {
     if (kDeleters[i] == deleter) return static_cast<c10::DeviceIndex>(i);
   }

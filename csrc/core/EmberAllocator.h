@@ -16,6 +16,11 @@ class EmberDeviceAllocator final : public c10::DeviceAllocator {
   // normally, CPU when a delegated CPU kernel is allocating on our behalf).
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes,
                            c10::DeviceType tag_device_type);
+  // Memory for a CPU kernel running on behalf of an ember op (see
+  // CpuAllocationCapture): CPU-tagged, and shaped like plain CPU memory
+  // (context == pointer) so raw_allocate/raw_deallocate users such as
+  // oneDNN's scratch allocator work on it.
+  c10::DataPtr allocate_for_cpu_kernel(c10::DeviceIndex device, size_t nbytes);
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
@@ -35,6 +40,10 @@ EmberDeviceAllocator* device_allocator();
 // The ember device whose pool owns this DataPtr's memory (recognised by its
 // deleter), or nullopt for memory from anywhere else.
 std::optional<c10::DeviceIndex> pool_device_of(const c10::DataPtr& data_ptr);
+
+// Frees memory from allocate_for_cpu_kernel given only its pointer; returns
+// false (and does nothing) for a pointer that is not ember memory.
+bool free_cpu_kernel_memory(void* data);
 
 // Memory limit of a device as a fraction of its capacity (CUDA's
 // set_per_process_memory_fraction).

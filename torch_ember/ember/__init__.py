@@ -50,6 +50,11 @@ def is_initialized() -> bool:
     return True  # the runtime initialises at import
 
 
+def _is_in_bad_fork() -> bool:
+    """ember keeps no state that a fork breaks (no driver context)."""
+    return False
+
+
 def _lazy_init() -> None:
     """Present for PyTorch code that calls it on device modules."""
 
