@@ -2,6 +2,7 @@
 module (torch.ember) and torch.accelerator, and copies between devices."""
 
 import os
+import threading
 import warnings
 
 import pytest
@@ -209,6 +210,49 @@ def test_device_context_manager_restores_when_body_raises():
         assert torch.ember.current_device() == 1
         _ = 1 / 0
     assert torch.ember.current_device() == 0
+
+
+@pytest.mark.requires_two_devices
+def test_device_of_tensor():
+    on_second = torch.ones(1, device="ember:1")
+    with torch.ember.device_of(on_second):
+        assert torch.ember.current_device() == 1
+    assert torch.ember.current_device() == 0
+    with torch.ember.device_of(torch.ones(1)):  # CPU tensors leave the device alone
+        assert torch.ember.current_device() == 0
+
+
+@pytest.mark.requires_two_devices
+def test_current_device_and_stream_are_per_thread():
+    torch.ember.set_device(1)
+    stream = torch.ember.Stream(device=1)
+    torch.ember.set_stream(stream)
+    seen = {}
+
+    def worker():
+        seen["device"] = torch.ember.current_device()
+        seen["stream"] = torch.ember.current_stream(1).stream_id
+        torch.ember.set_device(0)
+        seen["allocated_on"] = torch.empty(1, device="ember").device
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == {"device": 0, "stream": 0, "allocated_on": torch.device("ember", 0)}
+    assert torch.ember.current_device() == 1
+    assert torch.ember.current_stream(1) == stream
+
+
+@pytest.mark.requires_two_devices
+def test_ops_run_on_the_device_of_their_inputs():
+    x = torch.full((3,), 2.0, device="ember:1")
+    assert torch.ember.current_device() == 0
+    y = x * x + 1
+    assert y.device == torch.device("ember", 1)
+    assert torch.equal(y.cpu(), torch.full((3,), 5.0))
+    with torch.ember.device(1):
+        assert torch.randn(2, device="ember").device == torch.device("ember", 1)
+        assert torch.arange(3, device="ember").device == torch.device("ember", 1)
 
 
 def test_device_context_manager_with_current_device():

@@ -157,6 +157,16 @@ def test_mixing_two_ember_devices_raises():
 
 
 @pytest.mark.requires_two_devices
+def test_out_argument_on_other_ember_device_raises():
+    a = torch.ones(3, device="ember:0")
+    out = torch.full((3,), -1.0, device="ember:1")
+    with pytest.raises(RuntimeError, match="ember:1"):
+        torch.add(a, a, out=out)
+    assert torch.equal(out.cpu(), torch.full((3,), -1.0))
+    assert out.device == torch.device("ember", 1)
+
+
+@pytest.mark.requires_two_devices
 def test_zero_dim_ember_tensor_on_other_device_raises():
     # CUDA allows only *CPU* scalars beside device tensors.
     a = torch.arange(3.0, device="ember:0")

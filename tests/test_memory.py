@@ -333,13 +333,6 @@ def test_common_ops_pass_in_strict_mode():
     assert torch_ember.fallback_stats() == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F.conv2d on ember fails in the oneDNN path: 'dptr.get() == dptr.get_context() "
-    "INTERNAL ASSERT FAILED' (c10 Allocator::raw_allocate); under CpuAllocationCapture the "
-    "CPU allocator hands oneDNN an ember DataPtr whose context is not the data pointer. "
-    "Works with torch.backends.mkldnn.flags(enabled=False)",
-)
 def test_conv2d_runs_zero_copy():
     generator = torch.Generator().manual_seed(0)
     image = torch.randn(2, 3, 8, 8, generator=generator)

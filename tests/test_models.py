@@ -23,12 +23,6 @@ transformers = pytest.importorskip("transformers")
 DEVICE = "ember"
 SEED = 0
 
-CONV_XFAIL = pytest.mark.xfail(
-    strict=True,
-    raises=NotImplementedError,
-    reason="conv2d on ember dispatches to aten::convolution_overrideable, which ember does "
-    "not implement (at::_convolution picks ConvBackend::Overrideable for PrivateUse1)",
-)
 SDPA_XFAIL = pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
@@ -192,8 +186,8 @@ def test_cpu_is_deterministic(name):
         "bert",
         "gpt2",
         "llama",
-        pytest.param("vit", marks=CONV_XFAIL),
-        pytest.param("resnet", marks=CONV_XFAIL),
+        "vit",
+        "resnet",
     ],
 )
 def test_forward_bitwise_eager_attention(name):

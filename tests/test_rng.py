@@ -172,12 +172,6 @@ def test_dropout_is_reproducible_and_drops_about_p():
     assert torch.equal(F.dropout(x, p=0.3, training=False).cpu(), x.cpu())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.manual_seed does not seed ember: torch.random._seed_custom_device "
-    "requires torch.ember._is_in_bad_fork (missing) besides manual_seed_all, and warns "
-    "'Set seed for `ember` device does not take effect'",
-)
 def test_global_manual_seed_seeds_ember():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the 'does not take effect' warning fails too

@@ -84,11 +84,6 @@ def test_streams_are_per_device():
 
 
 @pytest.mark.requires_two_devices
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.ember.StreamContext leaves the current device at the stream's device "
-    "after exit; torch.cuda.StreamContext restores the original device and stream",
-)
 def test_stream_context_on_other_device_restores_current_device():
     stream1 = torch.ember.Stream(device=1)
     assert torch.ember.current_device() == 0

@@ -13,19 +13,29 @@
 //   * Segments are anonymous private mmaps, unmapped by empty_cache(). Pages
 //     are placed by the kernel's first-touch policy (no libnuma binding): the
 //     worker that first writes a block decides its NUMA node.
+//
+// The allocate + free pair of a small block is on every op's critical path,
+// so it touches the heap nowhere (block_pool.cpp):
+//   * Block records come from slabs owned by the allocator and are recycled
+//     through a free list, never deleted before the allocator dies. That
+//     also validates free(): a Block* must lie in a slab and be allocated.
+//   * Each bin is an intrusive treap threaded through the free Blocks; a
+//     bitmap of non-empty bins finds the next bin in O(1).
+//   * Splitting shrinks the free block in place and gives the front part a
+//     recycled record; coalescing grows a free neighbour in place. The
+//     block's key only moves past no other key in the common case, so it
+//     keeps its place in the tree.
+//   * Size rounding and bin lookup happen before the lock; the memory limit
+//     is only read when a segment must be mapped.
 #include "ember/runtime/caching_allocator.h"
 
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <array>
-#include <bit>
 #include <cstdio>
 #include <limits>
-#include <map>
-#include <set>
-#include <unordered_set>
 
+#include "block_pool.h"
 #include "ember/runtime/cpu_features.h"
 
 namespace ember::runtime {
@@ -41,7 +51,6 @@ constexpr std::size_t kRoundLarge = std::size_t{2} << 20;         // 2 MiB
 // Requests above this cannot be rounded without overflow; they can never be
 // served anyway.
 constexpr std::size_t kMaxRequest = std::numeric_limits<std::size_t>::max() / 2;
-constexpr int kNumBins = 64;
 
 static_assert(kMinBlockSize % kAlignment == 0,
               "block offsets must keep every pointer kAlignment-aligned");
@@ -88,18 +97,30 @@ void for_each_stat(MemoryStats& stats, Fn&& fn) {
   }
 }
 
+// The allocator's own copies of Stat::increase/decrease and
+// round_allocation_size: internal linkage, so they are inlined even in PIC
+// code, where calls to the public symbols are not.
+void add(Stat& stat, int64_t amount) {
+  stat.current += amount;
+  stat.peak = std::max(stat.peak, stat.current);
+  stat.allocated += amount;
+}
+
+void subtract(Stat& stat, int64_t amount) {
+  stat.current -= amount;
+  stat.freed += amount;
+}
+
+std::size_t round_size(std::size_t nbytes) {
+  if (nbytes < kMinBlockSize) return kMinBlockSize;
+  return round_up(nbytes, kMinBlockSize);
+}
+
 }  // namespace
 
-void Stat::increase(int64_t amount) {
-  current += amount;
-  peak = std::max(peak, current);
-  allocated += amount;
-}
+void Stat::increase(int64_t amount) { add(*this, amount); }
 
-void Stat::decrease(int64_t amount) {
-  current -= amount;
-  freed += amount;
-}
+void Stat::decrease(int64_t amount) { subtract(*this, amount); }
 
 OutOfMemory::OutOfMemory(int device, std::size_t requested,
                          std::size_t allocated, std::size_t reserved,
@@ -113,126 +134,92 @@ OutOfMemory::OutOfMemory(int device, std::size_t requested,
       limit(limit) {}
 
 std::size_t round_allocation_size(std::size_t nbytes) {
-  if (nbytes < kMinBlockSize) return kMinBlockSize;
-  return round_up(nbytes, kMinBlockSize);
+  return round_size(nbytes);
 }
-
-struct Segment;
-
-// A span of a segment. Blocks of one segment form a doubly linked list in
-// address order, so neighbours are found in O(1) for coalescing.
-struct Block {
-  char* ptr = nullptr;
-  std::size_t size = 0;
-  std::size_t requested = 0;  // what the client asked for, while allocated
-  Segment* segment = nullptr;
-  Block* prev = nullptr;
-  Block* next = nullptr;
-  bool allocated = false;
-
-  // A block that does not cover its whole segment.
-  bool is_split() const { return prev != nullptr || next != nullptr; }
-};
-
-struct Segment {
-  char* base = nullptr;
-  std::size_t size = 0;
-  bool small = false;
-  // The first block. Coalescing always keeps the lower block, so the head
-  // lives as long as the segment.
-  Block* head = nullptr;
-
-  bool fully_free() const { return !head->allocated && head->next == nullptr; }
-};
 
 namespace {
 
-struct BlockLess {
-  bool operator()(const Block* a, const Block* b) const {
-    if (a->size != b->size) return a->size < b->size;
-    return a->ptr < b->ptr;
-  }
-};
-
+// Bin k holds sizes in (512 B << (k - 1), 512 B << k]: a whole 2 MiB
+// segment shares its bin with what is left after a small split, so the
+// hottest split and merge keep the free block where it is.
 int bin_index(std::size_t size) {
-  const int log2 = std::bit_width(size) - 1;
-  return std::clamp(log2 - std::countr_zero(kMinBlockSize), 0, kNumBins - 1);
+  const int log2_ceil = std::bit_width(size - 1);
+  return std::clamp(log2_ceil - std::countr_zero(kMinBlockSize), 0,
+                    kNumBins - 1);
 }
-
-struct Pool {
-  std::array<std::set<Block*, BlockLess>, kNumBins> bins;
-
-  // Smallest free block of at least `size` bytes, or nullptr.
-  Block* best_fit(std::size_t size) const {
-    Block key;
-    key.size = size;
-    int bin = bin_index(size);
-    if (auto it = bins[bin].lower_bound(&key); it != bins[bin].end()) {
-      return *it;
-    }
-    for (++bin; bin < kNumBins; ++bin) {
-      if (!bins[bin].empty()) return *bins[bin].begin();
-    }
-    return nullptr;
-  }
-};
 
 }  // namespace
 
 struct CachingAllocator::State {
-  Pool small_pool;
-  Pool large_pool;
+  BlockPool blocks;
+  FreeBins small_pool;
+  FreeBins large_pool;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by base
-  std::unordered_set<Block*> active;  // validates free() arguments
+  // active / active_bytes always equal allocation / allocated_bytes here (no
+  // deferred frees), so only the latter are kept; stats() copies them over.
   MemoryStats stats;
   std::size_t limit_setting = 0;  // 0 = capacity
 
-  Pool& pool_of(bool small) { return small ? small_pool : large_pool; }
+  ~State() {
+    for (auto& [base, segment] : segments) munmap(segment->base, segment->size);
+  }
+
+  FreeBins& pool_of(bool small) { return small ? small_pool : large_pool; }
+
+  // A free block inside a partly used segment is an inactive split.
+  void count_free(const Block* block) {
+    if (block->is_split()) {
+      add(stats.inactive_split, 1);
+      add(stats.inactive_split_bytes, static_cast<int64_t>(block->size));
+    }
+  }
+  void uncount_free(const Block* block) {
+    if (block->is_split()) {
+      subtract(stats.inactive_split, 1);
+      subtract(stats.inactive_split_bytes, static_cast<int64_t>(block->size));
+    }
+  }
 
   void insert_free(Block* block) {
-    pool_of(block->segment->small).bins[bin_index(block->size)].insert(block);
-    if (block->is_split()) {
-      stats.inactive_split.increase(1);
-      stats.inactive_split_bytes.increase(static_cast<int64_t>(block->size));
-    }
+    block->state = BlockState::kFree;
+    pool_of(block->segment->small).insert(block, bin_index(block->size));
+    count_free(block);
   }
 
   void remove_free(Block* block) {
-    pool_of(block->segment->small).bins[bin_index(block->size)].erase(block);
-    if (block->is_split()) {
-      stats.inactive_split.decrease(1);
-      stats.inactive_split_bytes.decrease(static_cast<int64_t>(block->size));
-    }
+    pool_of(block->segment->small).erase(block, bin_index(block->size));
+    uncount_free(block);
   }
 
   // Maps a segment and puts its single block in the free lists. Returns
-  // nullptr if the OS refuses.
+  // nullptr if the OS refuses. Needs one reserved Block.
   Block* map_segment(std::size_t size, bool small) {
     auto segment = std::make_unique<Segment>();
-    auto head = std::make_unique<Block>();
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return nullptr;
     segment->base = static_cast<char*>(base);
     segment->size = size;
     segment->small = small;
-    segment->head = head.get();
+    Block* head = blocks.take();
     head->ptr = segment->base;
     head->size = size;
     head->segment = segment.get();
+    head->prev = head->next = nullptr;
+    segment->head = head;
     try {
       segments.emplace(reinterpret_cast<std::uintptr_t>(base),
                        std::move(segment));
     } catch (...) {
+      blocks.give(head);
       munmap(base, size);
       throw;
     }
-    stats.segment.increase(1);
-    stats.reserved_bytes.increase(static_cast<int64_t>(size));
+    add(stats.segment, 1);
+    add(stats.reserved_bytes, static_cast<int64_t>(size));
     ++stats.num_device_alloc;
-    Block* block = head.release();
-    insert_free(block);
-    return block;
+    insert_free(head);
+    return head;
   }
 
   std::size_t fully_free_segment_bytes() const {
@@ -251,10 +238,10 @@ struct CachingAllocator::State {
         continue;
       }
       remove_free(segment.head);
-      delete segment.head;
+      blocks.give(segment.head);
       munmap(segment.base, segment.size);
-      stats.segment.decrease(1);
-      stats.reserved_bytes.decrease(static_cast<int64_t>(segment.size));
+      subtract(stats.segment, 1);
+      subtract(stats.reserved_bytes, static_cast<int64_t>(segment.size));
       ++stats.num_device_free;
       it = segments.erase(it);
     }
@@ -278,57 +265,104 @@ struct CachingAllocator::State {
     return nullptr;
   }
 
-  // Splits `block` so it is `size` bytes when the rest is worth keeping: any
-  // remainder in the small pool, only remainders above 1 MiB in the large
-  // pool (smaller ones would fragment it for little gain, as in CUDA).
-  // `spare` is preallocated by the caller so splitting cannot throw.
-  void split(Block* block, std::size_t size, std::unique_ptr<Block>& spare) {
+  // No cached block fits: map a segment, flushing the cache once if the
+  // limit is in the way and that can make room. nullptr if nothing helps.
+  [[gnu::noinline]] Block* grow(std::size_t size, bool small,
+                                std::size_t limit) {
+    if (Block* block = try_new_segment(size, small, limit)) return block;
+    // Flush the cache only if that can make room: a hopeless request then
+    // leaves the cache (and every stat but num_ooms) untouched.
+    const std::size_t cached = fully_free_segment_bytes();
+    const std::size_t minimal = minimal_segment_size(size, small);
+    if (cached == 0 || minimal > limit ||
+        reserved() - cached > limit - minimal) {
+      return nullptr;
+    }
+    ++stats.num_alloc_retries;
+    release_fully_free_segments();
+    return try_new_segment(size, small, limit);
+  }
+
+  // Takes `size` bytes from the front of the free `block`. The rest stays
+  // free when it is worth keeping: any remainder in the small pool, only
+  // remainders above 1 MiB in the large pool (smaller ones would fragment it
+  // for little gain, as in CUDA). Needs one reserved Block.
+  Block* carve(Block* block, std::size_t size) {
     const std::size_t remaining = block->size - size;
     const bool worth_it = block->segment->small ? remaining >= kMinBlockSize
                                                 : remaining > kSmallSize;
-    if (!worth_it) return;
-    Block* rest = spare.release();
-    rest->ptr = block->ptr + size;
-    rest->size = remaining;
-    rest->segment = block->segment;
-    rest->prev = block;
-    rest->next = block->next;
-    if (block->next != nullptr) block->next->prev = rest;
-    block->next = rest;
-    block->size = size;
-    insert_free(rest);
+    if (!worth_it) {
+      remove_free(block);
+      return block;
+    }
+    uncount_free(block);
+    // The front becomes a new record; the free record keeps the rest, so
+    // it can usually stay where it is in its bin.
+    Block* front = blocks.take();
+    front->ptr = block->ptr;
+    front->size = size;
+    front->segment = block->segment;
+    front->prev = block->prev;
+    front->next = block;
+    if (block->prev != nullptr) {
+      block->prev->next = front;
+    } else {
+      block->segment->head = front;
+    }
+    const int old_bin = bin_index(block->size);
+    block->prev = front;
+    block->ptr += size;
+    block->size = remaining;
+    pool_of(block->segment->small).rekeyed(block, old_bin,
+                                           bin_index(remaining));
+    count_free(block);
+    return front;
   }
 
-  // Merges a newly freed block with free neighbours; returns the result.
-  Block* coalesce(Block* block) {
-    if (Block* prev = block->prev; prev != nullptr && !prev->allocated) {
-      remove_free(prev);
-      prev->size += block->size;
-      prev->next = block->next;
-      if (block->next != nullptr) block->next->prev = prev;
-      delete block;
-      block = prev;
-    }
-    if (Block* next = block->next; next != nullptr && !next->allocated) {
-      remove_free(next);
-      block->size += next->size;
-      block->next = next->next;
-      if (next->next != nullptr) next->next->prev = block;
-      delete next;
-    }
-    return block;
+  // Merges block->next into `block` and recycles its record.
+  void absorb_next(Block* block) {
+    Block* next = block->next;
+    block->size += next->size;
+    block->next = next->next;
+    if (next->next != nullptr) next->next->prev = block;
+    blocks.give(next);
   }
 
-  void release_everything() {
-    for (auto& [base, segment] : segments) {
-      for (Block* block = segment->head; block != nullptr;) {
-        Block* next = block->next;
-        delete block;
-        block = next;
+  // Returns an allocated block to the free lists, merged with free
+  // neighbours. A merged-away record is recycled; the surviving free record
+  // grows in place.
+  void release(Block* block) {
+    FreeBins& pool = pool_of(block->segment->small);
+    Block* prev = block->prev;
+    Block* next = block->next;
+    const bool prev_free = prev != nullptr && prev->state == BlockState::kFree;
+    const bool next_free = next != nullptr && next->state == BlockState::kFree;
+    if (!prev_free && !next_free) {
+      insert_free(block);
+      return;
+    }
+    Block* survivor = prev_free ? prev : next;
+    uncount_free(survivor);
+    const int old_bin = bin_index(survivor->size);
+    if (prev_free) {
+      absorb_next(prev);  // block
+      if (next_free) {
+        remove_free(next);
+        absorb_next(prev);  // next
       }
-      munmap(segment->base, segment->size);
+    } else {
+      next->ptr = block->ptr;
+      next->size += block->size;
+      next->prev = prev;
+      if (prev != nullptr) {
+        prev->next = next;
+      } else {
+        block->segment->head = next;
+      }
+      blocks.give(block);
     }
-    segments.clear();
+    pool.rekeyed(survivor, old_bin, bin_index(survivor->size));
+    count_free(survivor);
   }
 };
 
@@ -339,78 +373,64 @@ CachingAllocator::CachingAllocator(int device_index, std::size_t limit_bytes)
   state_->limit_setting = limit_bytes;
 }
 
-CachingAllocator::~CachingAllocator() { state_->release_everything(); }
+CachingAllocator::~CachingAllocator() = default;
 
 Allocation CachingAllocator::allocate(std::size_t nbytes) {
   if (nbytes == 0) return {};
-  std::lock_guard<std::mutex> lock(mutex_);
-  State& state = *state_;
-  const std::size_t limit = memory_limit_locked();
+  const bool servable = nbytes <= kMaxRequest;
+  const std::size_t size = servable ? round_size(nbytes) : 0;
+  const bool small = size <= kSmallSize;
 
+  std::unique_lock<std::mutex> lock(mutex_);
+  State& state = *state_;
   Block* block = nullptr;
-  if (nbytes <= kMaxRequest) {
-    const std::size_t size = round_allocation_size(nbytes);
-    const bool small = size <= kSmallSize;
-    block = state.pool_of(small).best_fit(size);
-    if (block == nullptr) block = state.try_new_segment(size, small, limit);
-    if (block == nullptr) {
-      // Flush the cache only if that can make room: a hopeless request then
-      // leaves the cache (and every stat but num_ooms) untouched.
-      const std::size_t cached = state.fully_free_segment_bytes();
-      const std::size_t minimal = minimal_segment_size(size, small);
-      if (cached > 0 && minimal <= limit &&
-          state.reserved() - cached <= limit - minimal) {
-        ++state.stats.num_alloc_retries;
-        state.release_fully_free_segments();
-        block = state.try_new_segment(size, small, limit);
-      }
-    }
-    if (block != nullptr) {
-      // Everything that may throw happens before the free lists change.
-      auto spare = std::make_unique<Block>();
-      state.active.insert(block);
-      state.remove_free(block);
-      state.split(block, size, spare);
-    }
+  if (servable) {
+    // Everything that may throw happens before the free lists change.
+    state.blocks.reserve(2);  // a segment's head and a split's front
+    block = state.pool_of(small).best_fit(size, bin_index(size));
+    if (block == nullptr) block = state.grow(size, small, memory_limit_locked());
   }
   if (block == nullptr) {
     ++state.stats.num_ooms;
-    throw OutOfMemory(
-        device_index_, nbytes,
-        static_cast<std::size_t>(state.stats.allocated_bytes.current),
-        state.reserved(), limit);
+    const auto allocated =
+        static_cast<std::size_t>(state.stats.allocated_bytes.current);
+    const std::size_t reserved = state.reserved();
+    const std::size_t limit = memory_limit_locked();
+    lock.unlock();
+    throw OutOfMemory(device_index_, nbytes, allocated, reserved, limit);
   }
 
-  block->allocated = true;
+  block = state.carve(block, size);
+  block->state = BlockState::kAllocated;
   block->requested = nbytes;
-  const auto size = static_cast<int64_t>(block->size);
-  state.stats.allocation.increase(1);
-  state.stats.active.increase(1);
-  state.stats.allocated_bytes.increase(size);
-  state.stats.active_bytes.increase(size);
-  state.stats.requested_bytes.increase(static_cast<int64_t>(nbytes));
+  const auto bytes = static_cast<int64_t>(block->size);
+  add(state.stats.allocation, 1);
+  add(state.stats.allocated_bytes, bytes);
+  add(state.stats.requested_bytes, static_cast<int64_t>(nbytes));
   return {block->ptr, block};
 }
 
 void CachingAllocator::free(Block* block) {
   if (block == nullptr) return;
-  std::lock_guard<std::mutex> lock(mutex_);
-  State& state = *state_;
-  if (state.active.erase(block) == 0) {
-    throw std::invalid_argument(
-        "ember:" + std::to_string(device_index_) +
-        " allocator: free() of a block that is not allocated here "
-        "(double free, or a block of another device)");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    State& state = *state_;
+    // Only records of this allocator's slabs are ever dereferenced.
+    if (state.blocks.contains(block) &&
+        block->state == BlockState::kAllocated) {
+      const auto bytes = static_cast<int64_t>(block->size);
+      subtract(state.stats.allocation, 1);
+      subtract(state.stats.allocated_bytes, bytes);
+      subtract(state.stats.requested_bytes, 
+          static_cast<int64_t>(block->requested));
+      state.release(block);
+      return;
+    }
   }
-  const auto size = static_cast<int64_t>(block->size);
-  state.stats.allocation.decrease(1);
-  state.stats.active.decrease(1);
-  state.stats.allocated_bytes.decrease(size);
-  state.stats.active_bytes.decrease(size);
-  state.stats.requested_bytes.decrease(static_cast<int64_t>(block->requested));
-  block->allocated = false;
-  block->requested = 0;
-  state.insert_free(state.coalesce(block));
+  throw std::invalid_argument(
+      "ember:" + std::to_string(device_index_) +
+      " allocator: free() of a block that is not allocated here "
+      "(double free, or a block of another device)");
 }
 
 void CachingAllocator::empty_cache() {
@@ -419,8 +439,14 @@ void CachingAllocator::empty_cache() {
 }
 
 MemoryStats CachingAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return state_->stats;
+  MemoryStats stats;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats = state_->stats;
+  }
+  stats.active = stats.allocation;
+  stats.active_bytes = stats.allocated_bytes;
+  return stats;
 }
 
 void CachingAllocator::reset_peak_stats() {

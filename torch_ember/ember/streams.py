@@ -80,22 +80,35 @@ def set_stream(stream: torch.Stream) -> None:
 
 
 class StreamContext:
-    """Makes ``stream`` current on its device; restores the previous stream on exit."""
+    """Makes ``stream`` current; restores the previous streams and device on exit.
+
+    As with ``torch.cuda.StreamContext``, the previous current stream is
+    remembered on both the current device and the stream's device, so a stream
+    of another device leaves the current device unchanged afterwards.
+    """
 
     def __init__(self, stream: torch.Stream | None):
         self.stream = stream
-        self.previous: torch.Stream | None = None
+        self.source_previous: torch.Stream | None = None
+        self.target_previous: torch.Stream | None = None
 
     def __enter__(self):
         if self.stream is None:
             return self
-        self.previous = torch.accelerator.current_stream(self.stream.device_index)
+        current = _device_index(None, optional=True)
+        self.source_previous = torch.accelerator.current_stream(current)
+        if self.stream.device_index != current:
+            self.target_previous = torch.accelerator.current_stream(self.stream.device_index)
         torch.accelerator.set_stream(self.stream)
         return self
 
     def __exit__(self, *exc) -> bool:
-        if self.previous is not None:
-            torch.accelerator.set_stream(self.previous)
+        if self.stream is None:
+            return False
+        if self.target_previous is not None:
+            torch.accelerator.set_stream(self.target_previous)
+        # Restoring the source device's stream also makes that device current.
+        torch.accelerator.set_stream(self.source_previous)
         return False
 
 
