@@ -7,11 +7,11 @@ backward, optimizer) must be ``torch.equal`` to the CPU run.
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+import torch
+import torch.nn.functional as F
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs
 
 DEVICE = "ember"
 
@@ -255,10 +255,7 @@ def _train(model_name: str, optimizer_name: str, device: str, steps: int = 2):
         losses.append(loss.detach().cpu())
     params = {name: p.detach().cpu() for name, p in model.named_parameters()}
     state = [
-        t.cpu()
-        for s in optimizer.state.values()
-        for t in s.values()
-        if isinstance(t, torch.Tensor)
+        t.cpu() for s in optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
     ]
     return losses, params, state
 

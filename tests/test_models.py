@@ -11,12 +11,12 @@ Each of these models is deterministic on CPU run to run (checked by
 
 import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import torch_ember
 
-import torch_ember  # noqa: E402
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs
 
 transformers = pytest.importorskip("transformers")
 
@@ -150,9 +150,10 @@ def _tensors(value) -> list[torch.Tensor]:
     return []  # caches and other objects
 
 
-def _run(name: str, inputs: dict, device: str, attn: str = "eager") -> list[torch.Tensor]:
-    model = _build(name, attn)
-    model = model.to(device)
+def _run(
+    name: str, inputs: dict, device: str, attn: str = "eager", dtype: torch.dtype | None = None
+) -> list[torch.Tensor]:
+    model = _build(name, attn).to(device=device, dtype=dtype)
     kwargs = {"output_hidden_states": True}
     if name in ("gpt2", "llama"):
         kwargs["use_cache"] = False
@@ -180,30 +181,30 @@ def test_cpu_is_deterministic(name):
     _assert_bitwise(_run(name, inputs, "cpu"), _run(name, inputs, "cpu"))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "bert",
-        "gpt2",
-        "llama",
-        "vit",
-        "resnet",
-    ],
-)
+@pytest.mark.parametrize("name", list(MODELS))
 def test_forward_bitwise_eager_attention(name):
     _, make_inputs = MODELS[name]
     inputs = make_inputs()
     _assert_bitwise(_run(name, inputs, "cpu"), _run(name, inputs, DEVICE))
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param("bert", marks=SDPA_XFAIL),
-        pytest.param("gpt2", marks=SDPA_XFAIL),
-        pytest.param("llama", marks=SDPA_XFAIL),
-    ],
-)
+@pytest.mark.parametrize("name", ["bert", "gpt2", "vit", "resnet"])
+def test_forward_bitwise_bfloat16_weights(name):
+    """A bfloat16 model: CPU's oneDNN bfloat16 kernels, with their scratch memory."""
+    _, make_inputs = MODELS[name]
+    inputs = {
+        k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in make_inputs().items()
+    }
+    _assert_bitwise(
+        _run(name, inputs, "cpu", dtype=torch.bfloat16),
+        _run(name, inputs, DEVICE, dtype=torch.bfloat16),
+    )
+
+
+SDPA_MODELS = ["bert", "gpt2", "llama", "vit"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=SDPA_XFAIL) for n in SDPA_MODELS])
 def test_forward_bitwise_sdpa_attention(name):
     """The default attention of transformers (sdpa) must agree bitwise too."""
     _, make_inputs = MODELS[name]
@@ -213,7 +214,7 @@ def test_forward_bitwise_sdpa_attention(name):
     _assert_bitwise(cpu, _run(name, inputs, DEVICE, attn="sdpa"))
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("name", SDPA_MODELS)
 def test_forward_sdpa_attention_close(name):
     """Until sdpa is bitwise (see above), it is at least within float32 rounding."""
     _, make_inputs = MODELS[name]
@@ -225,7 +226,7 @@ def test_forward_sdpa_attention_close(name):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_forward_is_zero_copy(name):
     """No op of these models needs a copying fallback on ember."""
     _, make_inputs = MODELS[name]

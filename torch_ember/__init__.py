@@ -17,7 +17,7 @@ _C._initialize()  # raises for an invalid EMBER_DEVICES
 if torch._C._get_privateuse1_backend_name() != "ember":
     torch.utils.rename_privateuse1_backend("ember")
 
-from torch_ember import ember as _device_module  # noqa: E402
+from torch_ember import ember as _device_module
 
 torch._register_device_module("ember", _device_module)
 torch.utils.generate_methods_for_privateuse1_backend(
@@ -54,4 +54,4 @@ def _autoload() -> None:
     """Entry point of the ``torch.backends`` group; importing did the work."""
 
 
-__all__ = ["fallback_stats", "reset_fallback_stats", "set_strict", "is_strict"]
+__all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]

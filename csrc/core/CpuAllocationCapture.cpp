@@ -33,7 +33,8 @@ class CapturingCpuAllocator final : public c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override {
     return base_->raw_deleter() == nullptr ? nullptr : &free_raw;
   }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
+  void copy_data(void* dest, const void* src,
+                 std::size_t count) const override {
     base_->copy_data(dest, src, count);
   }
 
@@ -59,6 +60,8 @@ CpuAllocationCapture::CpuAllocationCapture(c10::DeviceIndex device)
   tls_capture_device = device;
 }
 
-CpuAllocationCapture::~CpuAllocationCapture() { tls_capture_device = previous_; }
+CpuAllocationCapture::~CpuAllocationCapture() {
+  tls_capture_device = previous_;
+}
 
 }  // namespace ember

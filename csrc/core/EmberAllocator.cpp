@@ -71,9 +71,9 @@ c10::DataPtr EmberDeviceAllocator::allocate(size_t nbytes) {
 c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
                                                size_t nbytes,
                                                c10::DeviceType tag) {
-  const c10::Device tag_device =
-      tag == c10::DeviceType::CPU ? c10::Device(c10::DeviceType::CPU)
-                                  : c10::Device(tag, device);
+  const c10::Device tag_device = tag == c10::DeviceType::CPU
+                                     ? c10::Device(c10::DeviceType::CPU)
+                                     : c10::Device(tag, device);
   rt::Allocation allocation = translate_runtime_errors(
       [&] { return rt::device(device).allocator().allocate(nbytes); });
   if (allocation.block == nullptr) {
@@ -183,8 +183,8 @@ void set_memory_fraction(double fraction, c10::DeviceIndex device) {
                     ". Allowed range: 0 < fraction <= 1");
   translate_runtime_errors([&] {
     auto& allocator = rt::device(device).allocator();
-    allocator.set_memory_limit(
-        static_cast<size_t>(fraction * static_cast<double>(allocator.capacity())));
+    allocator.set_memory_limit(static_cast<size_t>(
+        fraction * static_cast<double>(allocator.capacity())));
   });
 }
 

@@ -8,8 +8,7 @@
 
 namespace ember {
 
-class EmberDeviceGuardImpl final
-    : public c10::impl::DeviceGuardImplInterface {
+class EmberDeviceGuardImpl final : public c10::impl::DeviceGuardImplInterface {
  public:
   static constexpr c10::DeviceType static_type = c10::DeviceType::PrivateUse1;
 

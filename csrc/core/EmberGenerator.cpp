@@ -71,7 +71,8 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
 }
 
 at::Generator new_generator(c10::DeviceIndex device) {
-  if (device < 0) device = static_cast<c10::DeviceIndex>(runtime::current_device());
+  if (device < 0)
+    device = static_cast<c10::DeviceIndex>(runtime::current_device());
   translate_runtime_errors([&] { runtime::check_device_index(device); });
   return at::make_generator<EmberGeneratorImpl>(device);
 }

@@ -88,13 +88,15 @@ void AliasScope::sync_back(std::string_view op) {
     c10::DataPtr& moved = alias->mutable_data_ptr();
     if (moved.get() != nullptr && !pool_device_of(moved).has_value()) {
       // Reallocated outside our pool (should not happen under capture).
-      record_fallback_copy(std::string(op), static_cast<int64_t>(alias->nbytes()));
+      record_fallback_copy(std::string(op),
+                           static_cast<int64_t>(alias->nbytes()));
       c10::DataPtr fresh = device_allocator()->allocate_on(
           device, alias->nbytes(), c10::DeviceType::PrivateUse1);
       std::memcpy(fresh.get(), moved.get(), alias->nbytes());
       ember->set_data_ptr_noswap(std::move(fresh));
     } else {
-      moved.unsafe_set_device(c10::Device(c10::DeviceType::PrivateUse1, device));
+      moved.unsafe_set_device(
+          c10::Device(c10::DeviceType::PrivateUse1, device));
       ember->set_data_ptr_noswap(std::move(moved));
     }
     ember->set_nbytes(alias->nbytes());
@@ -140,10 +142,10 @@ at::Tensor adopt_cpu_result(const at::Tensor& result, const AliasScope& scope,
   // The kernel handed back memory we did not allocate (a cached or
   // externally owned buffer): copy it, and say so.
   record_fallback_copy(std::string(op), static_cast<int64_t>(result.nbytes()));
-  at::Tensor copy = at::empty_strided(
-      result.sizes(), result.strides(),
-      result.options().device(
-          c10::Device(c10::DeviceType::PrivateUse1, scope.device())));
+  at::Tensor copy =
+      at::empty_strided(result.sizes(), result.strides(),
+                        result.options().device(c10::Device(
+                            c10::DeviceType::PrivateUse1, scope.device())));
   cpu_alias(copy).copy_(result);
   return copy;
 }

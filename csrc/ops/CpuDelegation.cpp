@@ -22,17 +22,17 @@ namespace {
 // What the fallback needs to know about an operator's schema, computed once
 // per operator and thread (schemas never change after registration).
 struct OpPlan {
-  std::string name;                     // "aten::add.Tensor"
-  std::vector<bool> written;            // argument is mutated (in-place/out=)
-  std::vector<bool> is_generator;       // argument is a Generator?
+  std::string name;                // "aten::add.Tensor"
+  std::vector<bool> written;       // argument is mutated (in-place/out=)
+  std::vector<bool> is_generator;  // argument is a Generator?
   bool has_generator = false;
-  bool accepts_cpu_tensors = false;     // CUDA accepts CPU tensors here too
+  bool accepts_cpu_tensors = false;  // CUDA accepts CPU tensors here too
 };
 
 // Ops that CUDA runs with CPU tensor arguments (index tensors on the host).
 bool op_accepts_cpu_tensors(const std::string& base_name) {
   static const std::unordered_set<std::string> names = {
-      "aten::index", "aten::index_put_", "aten::_index_put_impl_",
+      "aten::index",     "aten::index_put_", "aten::_index_put_impl_",
       "aten::index_put", "aten::_copy_from", "aten::_copy_from_and_resize"};
   return names.count(base_name) != 0;
 }
@@ -74,7 +74,8 @@ c10::IValue arguments_to_cpu(c10::IValue value, bool written,
     auto list = value.toTensorList();
     c10::List<at::Tensor> out;
     out.reserve(list.size());
-    for (const at::Tensor& t : list) out.push_back(delegation.to_cpu(t, written));
+    for (const at::Tensor& t : list)
+      out.push_back(delegation.to_cpu(t, written));
     return out;
   }
   if (value.isOptionalTensorList()) {
@@ -123,7 +124,8 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
   DelegationCall delegation(plan.name, plan.accepts_cpu_tensors);
   for (size_t i = 0; i < num_arguments; ++i) {
     c10::IValue& argument = (*stack)[first + i];
-    argument = arguments_to_cpu(std::move(argument), plan.written[i], delegation);
+    argument =
+        arguments_to_cpu(std::move(argument), plan.written[i], delegation);
   }
   delegation.settle();
   const c10::DeviceIndex device = delegation.device();
@@ -131,11 +133,11 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
     for (size_t i = 0; i < num_arguments; ++i) {
       if (!plan.is_generator[i]) continue;
       c10::IValue& argument = (*stack)[first + i];
-      argument = engine_for(argument.isNone()
-                                ? std::nullopt
-                                : std::optional<at::Generator>(
-                                      argument.toGenerator()),
-                            device);
+      argument =
+          engine_for(argument.isNone()
+                         ? std::nullopt
+                         : std::optional<at::Generator>(argument.toGenerator()),
+                     device);
     }
   }
 

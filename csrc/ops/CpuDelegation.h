@@ -14,6 +14,7 @@
 namespace ember {
 
 void cpu_delegation_fallback(const c10::OperatorHandle& op,
-                             c10::DispatchKeySet keys, torch::jit::Stack* stack);
+                             c10::DispatchKeySet keys,
+                             torch::jit::Stack* stack);
 
 }  // namespace ember

@@ -18,7 +18,8 @@ namespace ember {
 class DelegationCall final {
  public:
   DelegationCall(std::string_view op_name, bool accepts_cpu_tensors)
-      : op_name_(op_name), accepts_cpu_tensors_(accepts_cpu_tensors),
+      : op_name_(op_name),
+        accepts_cpu_tensors_(accepts_cpu_tensors),
         scope_(-1) {}
 
   // An argument on its way to the CPU kernel: ember tensors become aliases,

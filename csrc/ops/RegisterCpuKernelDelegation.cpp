@@ -45,9 +45,9 @@ int register_cpu_kernel_delegation() {
   static std::unique_ptr<torch::Library> library;
   static int registered = -1;
   if (registered >= 0) return registered;
-  library = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-      __LINE__);
+  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                             c10::DispatchKey::PrivateUse1,
+                                             __FILE__, __LINE__);
   registered = 0;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
@@ -63,9 +63,9 @@ int register_cpu_kernel_delegation() {
           !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))) {
       continue;
     }
-    library->impl(schema_name.c_str(),
-                  torch::CppFunction::makeFromBoxedFunction<
-                      &cpu_delegation_fallback>());
+    library->impl(
+        schema_name.c_str(),
+        torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
     ++registered;
   }
   return registered;

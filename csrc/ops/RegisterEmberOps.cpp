@@ -41,8 +41,8 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
 
 // Everything else: the CPU kernel on aliases of the ember tensors.
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<
-             &cpu_delegation_fallback>());
+  m.fallback(
+      torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
 }
 
 }  // namespace ember

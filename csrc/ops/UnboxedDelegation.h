@@ -23,10 +23,9 @@ namespace ember::unboxed {
 template <class Op>
 const std::string& op_name() {
   static const std::string name =
-      std::string(Op::name) +
-      (std::string(Op::overload_name).empty()
-           ? ""
-           : "." + std::string(Op::overload_name));
+      std::string(Op::name) + (std::string(Op::overload_name).empty()
+                                   ? ""
+                                   : "." + std::string(Op::overload_name));
   return name;
 }
 
@@ -64,8 +63,8 @@ Return run(DelegationCall& call, Args&&... cpu_args) {
   const c10::DeviceIndex device = call.device();
   run_on_device(device, [&] {
     CpuAllocationCapture capture(device);
-    result = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                            cpu_args...);
+    result =
+        Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), cpu_args...);
   });
   return result;
 }
@@ -73,10 +72,10 @@ Return run(DelegationCall& call, Args&&... cpu_args) {
 // An op returning new tensors (or a tuple of them).
 // Args are the exact parameter types of the op's C++ signature.
 template <class Op, class... Args>
-auto functional(Args... args) ->
-    typename c10::guts::infer_function_traits_t<decltype(Op::call)>::return_type {
-  using Return =
-      typename c10::guts::infer_function_traits_t<decltype(Op::call)>::return_type;
+auto functional(Args... args) -> typename c10::guts::infer_function_traits_t<
+    decltype(Op::call)>::return_type {
+  using Return = typename c10::guts::infer_function_traits_t<
+      decltype(Op::call)>::return_type;
   DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
   // Braced initialisation evaluates left to right: argument order is kept.
   std::tuple<std::decay_t<decltype(to_cpu(call, args, false))>...> cpu_args{

@@ -60,8 +60,8 @@ py::dict memory_stats(int device) {
 }
 
 py::dict device_properties(int device) {
-  const rt::DeviceProperties p = translate_runtime_errors(
-      [&] { return rt::device(device).properties(); });
+  const rt::DeviceProperties p =
+      translate_runtime_errors([&] { return rt::device(device).properties(); });
   py::dict d;
   d["name"] = p.name;
   d["index"] = p.index;

@@ -35,9 +35,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
   check_strided(layout);
   at::Tensor result;
   run_on_device(target_device(device), [&] {
-    result = at::detail::empty_generic(
-        size, device_allocator(), kEmberKeys,
-        c10::dtype_or_default(dtype), memory_format);
+    result =
+        at::detail::empty_generic(size, device_allocator(), kEmberKeys,
+                                  c10::dtype_or_default(dtype), memory_format);
   });
   return result;
 }
@@ -50,9 +50,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   check_strided(layout);
   at::Tensor result;
   run_on_device(target_device(device), [&] {
-    result = at::detail::empty_strided_generic(
-        size, stride, device_allocator(), kEmberKeys,
-        c10::dtype_or_default(dtype));
+    result = at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                               kEmberKeys,
+                                               c10::dtype_or_default(dtype));
   });
   return result;
 }

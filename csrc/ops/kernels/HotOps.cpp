@@ -2,7 +2,6 @@
 // (elementwise arithmetic, GEMM, softmax, layer norm, activations). Each is
 // exactly the CPU delegation, minus the cost of boxing its arguments.
 #include <ATen/core/Tensor.h>
-#include <c10/core/DispatchKeySet.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
@@ -16,6 +15,7 @@
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <ATen/ops/tanh_ops.h>
+#include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
 #include "ops/UnboxedDelegation.h"

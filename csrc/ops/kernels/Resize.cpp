@@ -20,15 +20,13 @@ void ensure_storage_holds(const at::Tensor& self, size_t needed_bytes,
   }
 }
 
-int64_t numel_of(c10::IntArrayRef size) {
-  return c10::multiply_integers(size);
-}
+int64_t numel_of(c10::IntArrayRef size) { return c10::multiply_integers(size); }
 
 void check_ember_storage(const c10::Storage& storage) {
   TORCH_CHECK(storage.device_type() == c10::DeviceType::PrivateUse1,
               "Attempted to set the storage of an ember tensor to a storage "
-              "on ", storage.device(),
-              "; expected an ember storage");
+              "on ",
+              storage.device(), "; expected an ember storage");
 }
 
 }  // namespace
@@ -60,11 +58,11 @@ at::Tensor& set_storage_offset_(at::Tensor& self, c10::Storage source,
   check_ember_storage(source);
   at::native::checkSetStorage(self, source, storage_offset, size, stride);
   const size_t itemsize = self.dtype().itemsize();
-  const size_t needed =
-      stride.empty() ? at::detail::computeStorageNbytesContiguous(
-                           size, itemsize, storage_offset)
-                     : at::detail::computeStorageNbytes(size, stride, itemsize,
-                                                        storage_offset);
+  const size_t needed = stride.empty()
+                            ? at::detail::computeStorageNbytesContiguous(
+                                  size, itemsize, storage_offset)
+                            : at::detail::computeStorageNbytes(
+                                  size, stride, itemsize, storage_offset);
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
   if (!self.storage().is_alias_of(source)) {
     impl->set_storage_keep_dtype(std::move(source));
@@ -92,11 +90,11 @@ at::Tensor& set_tensor_(at::Tensor& self, const at::Tensor& source) {
 }
 
 at::Tensor& set_empty_(at::Tensor& self) {
-  c10::Storage empty(c10::Storage::use_byte_size_t(), 0,
-                     device_allocator()->allocate_on(
-                         self.device().index(), 0,
-                         c10::DeviceType::PrivateUse1),
-                     device_allocator(), /*resizable=*/true);
+  c10::Storage empty(
+      c10::Storage::use_byte_size_t(), 0,
+      device_allocator()->allocate_on(self.device().index(), 0,
+                                      c10::DeviceType::PrivateUse1),
+      device_allocator(), /*resizable=*/true);
   return set_storage_offset_(self, std::move(empty), 0, {0}, {});
 }
 

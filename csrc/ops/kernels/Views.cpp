@@ -1,6 +1,6 @@
 // Views share the ember storage; ATen's device-generic helpers build them.
-#include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
 
 #include "ops/kernels/EmberKernels.h"

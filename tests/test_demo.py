@@ -1,0 +1,66 @@
+"""`make demo` (python -m torch_ember.demo) runs and reports agreement."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+# A tiny model and one timed run: this checks the demo works, not its numbers.
+TINY = [
+    "--quick",
+    "--layers=1",
+    "--width=64",
+    "--heads=2",
+    "--vocab=500",
+    "--seq-len=32",
+    "--prompt-len=8",
+    "--new-tokens=4",
+    "--runs=1",
+    "--warmup=0",
+]
+
+
+def test_demo_main_in_process(capsys):
+    from torch_ember import demo
+
+    assert demo.main(TINY) == 0
+    out = capsys.readouterr().out
+    assert "generated ids identical: True" in out
+    assert "forward logits bitwise identical (eager attention): True" in out
+    assert "ember/CPU" in out and "max_memory_allocated" in out and "fallback_stats" in out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="`import torch_ember` before `import torch` fails: torch_ember/__init__.py imports "
+    "torch, whose backend autoload loads the entry point torch_ember:_autoload from the "
+    "partially initialised torch_ember (AttributeError -> RuntimeError 'Failed to load the "
+    "backend extension'); `python -m torch_ember.demo` imports the package first",
+)
+def test_python_dash_m_demo():
+    result = subprocess.run(
+        [sys.executable, "-m", "torch_ember.demo", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "generated ids identical: True" in result.stdout
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="circular import through the torch.backends entry point (see test_python_dash_m_demo)",
+)
+def test_import_torch_ember_first():
+    result = subprocess.run(
+        [sys.executable, "-c", "import torch_ember, torch; torch.empty(1, device='ember')"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
