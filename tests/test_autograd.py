@@ -169,7 +169,7 @@ def test_gelu_backward_through_sum():
     assert torch.equal(grads[0], grads[1])
 
 
-def test_gradcheck_like_backward_of_backward_on_layer_norm():
+def test_layer_norm_double_backward():
     def run(device):
         x = _randn(2, 8, seed=1).to(device).requires_grad_()
         (g,) = torch.autograd.grad(F.layer_norm(x, (8,)).pow(3).sum(), x, create_graph=True)

@@ -68,23 +68,27 @@ const OpPlan& plan_for(const c10::FunctionSchema& schema) {
 c10::IValue arguments_to_cpu(c10::IValue value, bool written,
                              DelegationCall& delegation) {
   if (value.isTensor()) {
-    return delegation.to_cpu(value.toTensor(), written);
+    return delegation.to_cpu(std::move(value).toTensor(), written);
   }
+  // List elements are copied out and handed over (the list is replaced).
   if (value.isTensorList()) {
     auto list = value.toTensorList();
     c10::List<at::Tensor> out;
     out.reserve(list.size());
-    for (const at::Tensor& t : list)
-      out.push_back(delegation.to_cpu(t, written));
+    for (size_t i = 0; i < list.size(); ++i) {
+      // get() may return a reference into the list, which dies with it.
+      out.push_back(delegation.to_cpu(at::Tensor(list.get(i)), written));
+    }
     return out;
   }
   if (value.isOptionalTensorList()) {
     auto list = value.toOptionalTensorList();
     c10::List<std::optional<at::Tensor>> out;
     out.reserve(list.size());
-    for (const std::optional<at::Tensor>& t : list) {
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(
-                                        delegation.to_cpu(*t, written))
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::optional<at::Tensor> t = list.get(i);
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(delegation.to_cpu(
+                                        std::move(*t), written))
                                   : std::nullopt);
     }
     return out;

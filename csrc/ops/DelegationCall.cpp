@@ -26,13 +26,15 @@ void DelegationCall::note_device(c10::Device device) {
   }
 }
 
-at::Tensor DelegationCall::to_cpu(const at::Tensor& tensor, bool written) {
-  if (!tensor.defined()) return tensor;
+at::Tensor DelegationCall::swap_in(const at::Tensor& tensor,
+                                   const at::Tensor* borrowed,
+                                   at::Tensor&& owned, bool written) {
+  if (!tensor.defined()) return at::Tensor();
   const c10::Device device = tensor.device();
   if (device.type() == c10::DeviceType::PrivateUse1) {
     note_device(device);
     at::Tensor alias = scope_.alias(tensor);
-    swapped_.push_back({alias, tensor, written});
+    swapped_.push_back({alias, borrowed, std::move(owned), written});
     return alias;
   }
   // A CPU tensor beside ember tensors is accepted where CUDA accepts it:
@@ -40,7 +42,25 @@ at::Tensor DelegationCall::to_cpu(const at::Tensor& tensor, bool written) {
   const bool allowed = device.type() == c10::DeviceType::CPU && !written &&
                        (tensor.dim() == 0 || accepts_cpu_tensors_);
   if (!allowed && !foreign_.has_value()) foreign_ = device;
-  return tensor;
+  return borrowed != nullptr ? *borrowed : std::move(owned);
+}
+
+at::Tensor DelegationCall::to_cpu(const at::Tensor& tensor, bool written) {
+  return swap_in(tensor, &tensor, at::Tensor(), written);
+}
+
+at::Tensor DelegationCall::to_cpu(at::Tensor&& tensor, bool written) {
+  // `tensor` moves into the swap entry; read what we need before that.
+  const at::Tensor& view = tensor;
+  if (view.defined() && view.device().type() == c10::DeviceType::PrivateUse1) {
+    at::Tensor owned = std::move(tensor);
+    const at::Tensor& ref = owned;
+    note_device(ref.device());
+    at::Tensor alias = scope_.alias(ref);
+    swapped_.push_back({alias, nullptr, std::move(owned), written});
+    return alias;
+  }
+  return swap_in(view, nullptr, std::move(tensor), written);
 }
 
 void DelegationCall::settle() {
@@ -56,7 +76,7 @@ at::Tensor DelegationCall::from_cpu(const at::Tensor& result) {
   if (!result.defined()) return result;
   for (const Swap& swap : swapped_) {
     if (swap.alias.unsafeGetTensorImpl() == result.unsafeGetTensorImpl()) {
-      return swap.original;  // in-place / out= ops return their argument
+      return swap.original();  // in-place / out= ops return their argument
     }
   }
   return adopt_cpu_result(result, scope_, op_name_);
@@ -66,7 +86,8 @@ void DelegationCall::write_back() {
   scope_.sync_back(op_name_);
   for (const Swap& swap : swapped_) {
     if (!swap.written) continue;
-    c10::TensorImpl* original = swap.original.unsafeGetTensorImpl();
+    const at::Tensor& original_tensor = swap.original();
+    c10::TensorImpl* original = original_tensor.unsafeGetTensorImpl();
     const at::Tensor& alias = swap.alias;
     const c10::Storage* ember = scope_.ember_storage_of(alias.storage());
     if (ember == nullptr) {
@@ -77,12 +98,12 @@ void DelegationCall::write_back() {
                   " replaced the storage of an ember argument with foreign "
                   "memory; this op is not supported on ember");
       original->set_storage_keep_dtype(std::move(storage));
-    } else if (!ember->is_alias_of(swap.original.storage())) {
+    } else if (!ember->is_alias_of(original_tensor.storage())) {
       original->set_storage_keep_dtype(*ember);
     }
-    if (alias.sizes() != swap.original.sizes() ||
-        alias.strides() != swap.original.strides() ||
-        alias.storage_offset() != swap.original.storage_offset()) {
+    if (alias.sizes() != original_tensor.sizes() ||
+        alias.strides() != original_tensor.strides() ||
+        alias.storage_offset() != original_tensor.storage_offset()) {
       original->set_sizes_and_strides(alias.sizes(), alias.strides(),
                                       alias.storage_offset());
     }

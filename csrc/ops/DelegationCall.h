@@ -23,8 +23,12 @@ class DelegationCall final {
         scope_(-1) {}
 
   // An argument on its way to the CPU kernel: ember tensors become aliases,
-  // CPU tensors pass if CUDA would accept them here.
+  // CPU tensors pass if CUDA would accept them here. The argument must
+  // outlive the call (it is referenced, not copied: copying a tensor that
+  // Python owns takes the GIL in torch 2.13).
   at::Tensor to_cpu(const at::Tensor& tensor, bool written);
+  // Same, taking ownership (the boxed path, whose stack slot is reused).
+  at::Tensor to_cpu(at::Tensor&& tensor, bool written);
 
   // Records an ember device named by a Device argument (validated).
   void note_device(c10::Device device);
@@ -46,9 +50,13 @@ class DelegationCall final {
  private:
   struct Swap {
     at::Tensor alias;
-    at::Tensor original;
+    const at::Tensor* borrowed;  // the caller's argument, or null
+    at::Tensor owned;            // set when the argument was handed over
     bool written;
+    const at::Tensor& original() const { return borrowed ? *borrowed : owned; }
   };
+  at::Tensor swap_in(const at::Tensor& tensor, const at::Tensor* borrowed,
+                     at::Tensor&& owned, bool written);
   [[noreturn]] void throw_device_mismatch(c10::Device a, c10::Device b) const;
 
   std::string_view op_name_;

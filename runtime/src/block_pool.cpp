@@ -56,9 +56,8 @@ void BlockPool::grow() {
     slab[i].priority = static_cast<std::uint32_t>(next_random(rng_));
     give(&slab[i]);
   }
-  slabs_.insert(slabs_.begin(),
-                {reinterpret_cast<std::uintptr_t>(slab.get()),
-                 count * sizeof(Block)});
+  slabs_.insert(slabs_.begin(), {reinterpret_cast<std::uintptr_t>(slab.get()),
+                                 count * sizeof(Block)});
   storage_.push_back(std::move(slab));
 }
 

@@ -158,8 +158,8 @@ class FreeBins {
     if (before != nullptr) {
       while (before->right != nullptr) before = before->right;
     } else {
-      for (const Block* node = block; (before = node->parent) != nullptr &&
-                                      before->left == node;) {
+      for (const Block* node = block;
+           (before = node->parent) != nullptr && before->left == node;) {
         node = before;
       }
     }
@@ -168,8 +168,8 @@ class FreeBins {
     if (after != nullptr) {
       while (after->left != nullptr) after = after->left;
     } else {
-      for (const Block* node = block; (after = node->parent) != nullptr &&
-                                      after->right == node;) {
+      for (const Block* node = block;
+           (after = node->parent) != nullptr && after->right == node;) {
         node = after;
       }
     }

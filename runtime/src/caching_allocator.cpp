@@ -286,11 +286,12 @@ struct CachingAllocator::State {
   // Takes `size` bytes from the front of the free `block`. The rest stays
   // free when it is worth keeping: any remainder in the small pool, only
   // remainders above 1 MiB in the large pool (smaller ones would fragment it
-  // for little gain, as in CUDA). Needs one reserved Block.
-  Block* carve(Block* block, std::size_t size) {
+  // for little gain, as in CUDA). `small` is the block's pool. Needs one
+  // reserved Block.
+  Block* carve(Block* block, std::size_t size, bool small) {
     const std::size_t remaining = block->size - size;
-    const bool worth_it = block->segment->small ? remaining >= kMinBlockSize
-                                                : remaining > kSmallSize;
+    const bool worth_it =
+        small ? remaining >= kMinBlockSize : remaining > kSmallSize;
     if (!worth_it) {
       remove_free(block);
       return block;
@@ -313,8 +314,7 @@ struct CachingAllocator::State {
     block->prev = front;
     block->ptr += size;
     block->size = remaining;
-    pool_of(block->segment->small).rekeyed(block, old_bin,
-                                           bin_index(remaining));
+    pool_of(small).rekeyed(block, old_bin, bin_index(remaining));
     count_free(block);
     return front;
   }
@@ -388,7 +388,9 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
     // Everything that may throw happens before the free lists change.
     state.blocks.reserve(2);  // a segment's head and a split's front
     block = state.pool_of(small).best_fit(size, bin_index(size));
-    if (block == nullptr) block = state.grow(size, small, memory_limit_locked());
+    if (block == nullptr) {
+      block = state.grow(size, small, memory_limit_locked());
+    }
   }
   if (block == nullptr) {
     ++state.stats.num_ooms;
@@ -400,7 +402,7 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
     throw OutOfMemory(device_index_, nbytes, allocated, reserved, limit);
   }
 
-  block = state.carve(block, size);
+  block = state.carve(block, size, small);
   block->state = BlockState::kAllocated;
   block->requested = nbytes;
   const auto bytes = static_cast<int64_t>(block->size);
@@ -421,8 +423,8 @@ void CachingAllocator::free(Block* block) {
       const auto bytes = static_cast<int64_t>(block->size);
       subtract(state.stats.allocation, 1);
       subtract(state.stats.allocated_bytes, bytes);
-      subtract(state.stats.requested_bytes, 
-          static_cast<int64_t>(block->requested));
+      subtract(state.stats.requested_bytes,
+               static_cast<int64_t>(block->requested));
       state.release(block);
       return;
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <thread>
 #include <vector>
@@ -257,6 +258,134 @@ TEST(CachingAllocator, DoubleFreeIsRejected) {
   allocator.free(a.block);
   EXPECT_THROW(allocator.free(a.block), std::invalid_argument);
   EXPECT_EQ(allocator.stats().allocation.current, 0);
+}
+
+TEST(CachingAllocator, FreeRejectsForeignAndStaleBlocks) {
+  CachingAllocator allocator(0);
+  CachingAllocator other(1);
+  const Allocation a = allocator.allocate(1000);
+  const Allocation b = allocator.allocate(1000);
+  const Allocation c = allocator.allocate(1000);
+  const Allocation foreign = other.allocate(1000);
+  const auto rejected = [&](Block* block) {
+    try {
+      allocator.free(block);
+    } catch (const std::invalid_argument& error) {
+      EXPECT_NE(std::string(error.what()).find("ember:0"), std::string::npos);
+      return true;
+    }
+    return false;
+  };
+
+  // Another allocator's block, and pointers that are no block at all, are
+  // rejected without being dereferenced.
+  EXPECT_TRUE(rejected(foreign.block));
+  alignas(64) char not_a_block[256] = {};
+  EXPECT_TRUE(rejected(reinterpret_cast<Block*>(not_a_block)));
+  EXPECT_TRUE(rejected(reinterpret_cast<Block*>(a.ptr)));
+  EXPECT_TRUE(rejected(reinterpret_cast<Block*>(
+      reinterpret_cast<char*>(a.block) + 8)));  // inside a real record
+
+  // b's neighbours are allocated, so it stays a free block of its own: a
+  // second free is still rejected.
+  allocator.free(b.block);
+  EXPECT_TRUE(rejected(b.block));
+  // c merges into the free tail, its record is recycled: rejected as well.
+  allocator.free(c.block);
+  EXPECT_TRUE(rejected(c.block));
+
+  MemoryStats stats = allocator.stats();
+  EXPECT_EQ(stats.allocation.current, 1);
+  EXPECT_EQ(stats.allocated_bytes.current, 1024);
+  EXPECT_EQ(stats.requested_bytes.current, 1000);
+  EXPECT_EQ(stats.inactive_split.current, 1);  // b, c and the tail merged
+  EXPECT_EQ(other.stats().allocation.current, 1);
+
+  // Nothing was corrupted: the space after a is handed out again.
+  const Allocation again = allocator.allocate(3000);
+  EXPECT_EQ(again.ptr, b.ptr);
+  allocator.free(again.block);
+  allocator.free(a.block);
+  EXPECT_TRUE(rejected(a.block));
+  other.free(foreign.block);
+  stats = allocator.stats();
+  EXPECT_EQ(stats.allocation.current, 0);
+  EXPECT_EQ(stats.inactive_split.current, 0);
+  EXPECT_EQ(stats.allocation.freed, 4);
+}
+
+// Drives one small segment with random requests and frees and checks every
+// placement against a model: best fit by size, then lowest address; splits
+// keep the front; frees merge with free neighbours. Exercises the free-block
+// trees with many entries, moved in place and re-inserted.
+TEST(CachingAllocator, BestFitMatchesModelUnderChurn) {
+  CachingAllocator allocator(0);
+  std::mt19937 rng(7);
+  const Allocation first = allocator.allocate(512);
+  char* const base = bytes(first);
+  std::map<char*, std::size_t> holes = {{base + 512, 2 * MiB - 512}};
+  std::map<char*, Allocation> live = {{base, first}};
+  std::map<char*, std::size_t> live_size = {{base, 512}};
+
+  for (int step = 0; step < 20000; ++step) {
+    const bool grow = live.size() < 40 || rng() % 2 == 0;
+    if (grow) {
+      const std::size_t size = 512 * (1 + rng() % (rng() % 8 == 0 ? 64 : 8));
+      auto best = holes.end();
+      for (auto it = holes.begin(); it != holes.end(); ++it) {
+        if (it->second >= size &&
+            (best == holes.end() || it->second < best->second)) {
+          best = it;  // ties keep the lower address, found first
+        }
+      }
+      if (best == holes.end()) continue;  // would need a second segment
+      const Allocation a = allocator.allocate(size);
+      ASSERT_EQ(bytes(a), best->first) << "step " << step << " size " << size;
+      if (best->second > size) holes[best->first + size] = best->second - size;
+      holes.erase(best);
+      live[bytes(a)] = a;
+      live_size[bytes(a)] = size;
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      char* ptr = it->first;
+      std::size_t size = live_size[ptr];
+      allocator.free(it->second.block);
+      live.erase(it);
+      live_size.erase(ptr);
+      if (auto next = holes.find(ptr + size); next != holes.end()) {
+        size += next->second;
+        holes.erase(next);
+      }
+      auto prev = holes.lower_bound(ptr);
+      if (prev != holes.begin() &&
+          std::prev(prev)->first + std::prev(prev)->second == ptr) {
+        std::prev(prev)->second += size;
+      } else {
+        holes[ptr] = size;
+      }
+    }
+    if (step % 97 == 0) {
+      const MemoryStats stats = allocator.stats();
+      std::size_t hole_bytes = 0;
+      for (const auto& [ptr, size] : holes) hole_bytes += size;
+      ASSERT_EQ(stats.inactive_split.current,
+                static_cast<int64_t>(holes.size()));
+      ASSERT_EQ(stats.inactive_split_bytes.current,
+                static_cast<int64_t>(hole_bytes));
+      ASSERT_EQ(stats.allocation.current, static_cast<int64_t>(live.size()));
+      ASSERT_EQ(stats.segment.current, 1);
+    }
+  }
+  for (const auto& [ptr, a] : live) allocator.free(a.block);
+  const MemoryStats stats = allocator.stats();
+  EXPECT_EQ(stats.inactive_split.current, 0);
+  EXPECT_EQ(stats.allocated_bytes.current, 0);
+  EXPECT_EQ(stats.num_device_alloc, 1);
+  // Fully coalesced: the whole segment is one block again.
+  const Allocation whole = allocator.allocate(1 * MiB);
+  EXPECT_EQ(bytes(whole), base);
+  allocator.free(whole.block);
 }
 
 TEST(CachingAllocator, LimitDefaultsToCapacity) {

@@ -1,0 +1,299 @@
+"""The machine's physical limit: clock, FMA width, theoretical and measured FLOP/s.
+
+theoretical FLOP/s = cores x clock x FLOPs/cycle/core, where
+
+* clock is *measured*: a chain of dependent integer adds (one cycle each) in a
+  tight loop of compiled C, timed (fallback: /proc/cpuinfo "cpu MHz");
+* FLOPs/cycle/core = vector lanes x 2 (an FMA is two FLOPs) x FMA pipes. The
+  lanes come from CPU feature detection (``torch_ember._C.cpu_features()``:
+  AVX-512 -> 16 fp32 lanes, AVX2+FMA -> 8); the number of FMA pipes is not a
+  CPUID flag, so it is measured: a loop of independent FMAs (16 accumulators)
+  gives FLOPs/cycle, divided by lanes x 2 and rounded. bf16 with AVX512_BF16
+  uses VDPBF16PS (16 lanes x 2 products x 2 = 64 FLOPs per instruction),
+  measured the same way; AMX-BF16 counts 1024 FLOPs/cycle/core (one TDPBF16PS,
+  16x16x32 MACs, per 16 cycles); without either, bf16 peak = fp32 peak.
+
+The C source is compiled with the system compiler (``cc``) into a temporary
+directory and loaded with ctypes; without a compiler the clock falls back to
+/proc/cpuinfo and the pipe count to 2 (said so in the report).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_C_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <time.h>
+
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* 16 dependent adds per iteration: 16 cycles per iteration on any x86 core. */
+double add_chain(long n) {
+  uint64_t x = 0, one = 1;
+  double t0 = now();
+  for (long i = 0; i < n; i++) {
+#define A "add %1, %0\n\t"
+    __asm__ volatile(A A A A A A A A A A A A A A A A : "+r"(x) : "r"(one));
+  }
+  return now() - t0;
+}
+
+#define ACC 16
+static volatile float sink;
+
+__attribute__((target("avx512f"))) double fma512(long n) {
+  __m512 acc[ACC];
+  for (int k = 0; k < ACC; k++) acc[k] = _mm512_set1_ps((float)k);
+  __m512 b = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  double t0 = now();
+  for (long i = 0; i < n; i++)
+    _Pragma("GCC unroll 16") for (int k = 0; k < ACC; k++) acc[k] = _mm512_fmadd_ps(acc[k], b, c);
+  double t = now() - t0;
+  float s = 0;
+  for (int k = 0; k < ACC; k++) s += _mm512_reduce_add_ps(acc[k]);
+  sink = s;
+  return t;
+}
+
+/* AVX2 has 16 ymm registers: 12 accumulators + 2 operands stay in registers. */
+#define ACC2 12
+__attribute__((target("avx2,fma"))) double fma256(long n) {
+  __m256 acc[ACC2];
+  for (int k = 0; k < ACC2; k++) acc[k] = _mm256_set1_ps((float)k);
+  __m256 b = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  double t0 = now();
+  for (long i = 0; i < n; i++)
+    _Pragma("GCC unroll 12") for (int k = 0; k < ACC2; k++) acc[k] = _mm256_fmadd_ps(acc[k], b, c);
+  double t = now() - t0;
+  float out[8], s = 0;
+  for (int k = 0; k < ACC2; k++) {
+    _mm256_storeu_ps(out, acc[k]);
+    for (int j = 0; j < 8; j++) s += out[j];
+  }
+  sink = s;
+  return t;
+}
+
+#ifdef HAVE_BF16
+__attribute__((target("avx512f,avx512bf16"))) double dpbf16(long n) {
+  __m512 acc[ACC];
+  for (int k = 0; k < ACC; k++) acc[k] = _mm512_set1_ps((float)k);
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3380);
+  double t0 = now();
+  for (long i = 0; i < n; i++)
+    _Pragma("GCC unroll 16") for (int k = 0; k < ACC; k++) acc[k] = _mm512_dpbf16_ps(acc[k], a, b);
+  double t = now() - t0;
+  float s = 0;
+  for (int k = 0; k < ACC; k++) s += _mm512_reduce_add_ps(acc[k]);
+  sink = s;
+  return t;
+}
+#endif
+"""
+
+
+@dataclass
+class Peak:
+    cpu_model: str
+    cores: int  # physical cores
+    flags: dict[str, bool]
+    clock_ghz: float
+    clock_method: str
+    fp32_lanes: int
+    fp32_flops_per_cycle: float  # theoretical, per core
+    fp32_measured_flops_per_cycle: float | None  # FMA loop, one core
+    bf16_flops_per_cycle: float
+    bf16_measured_flops_per_cycle: float | None
+    bf16_method: str
+    fp32_fma_loop_all_cores: float | None = None  # FLOP/s, FMA loop on every core at once
+    gemm_best: dict[str, dict] = field(default_factory=dict)  # dtype -> {n, flops_per_s}
+    notes: list[str] = field(default_factory=list)
+
+    def theoretical(self, dtype: torch.dtype, cores: int | None = None) -> float:
+        """FLOP/s of ``cores`` cores (default: all) for ``dtype``."""
+        per_cycle = (
+            self.bf16_flops_per_cycle if dtype == torch.bfloat16 else self.fp32_flops_per_cycle
+        )
+        return (cores or self.cores) * self.clock_ghz * 1e9 * per_cycle
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> dict[str, bool]:
+    try:
+        import torch_ember
+
+        return {k: v for k, v in torch_ember._C.cpu_features().items() if isinstance(v, bool)}
+    except Exception:  # noqa: BLE001
+        text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        have = set(text.split())
+        names = ["avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"]
+        return {n: n in have for n in names}
+
+
+def physical_cores() -> int:
+    try:
+        return int(torch.ember.get_device_properties().cores)
+    except Exception:  # noqa: BLE001
+        return os.cpu_count() or 1
+
+
+def _cpuinfo_mhz() -> float | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":", 1)[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _compile(bf16: bool) -> ctypes.CDLL | None:
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        return None
+    tmp = Path(tempfile.mkdtemp(prefix="ember-peak-"))
+    try:
+        (tmp / "peak.c").write_text(_C_SOURCE)
+        cmd = [cc, "-O3", "-shared", "-fPIC", str(tmp / "peak.c"), "-o", str(tmp / "peak.so")]
+        if bf16:
+            cmd.insert(1, "-DHAVE_BF16")
+        if subprocess.run(cmd, capture_output=True, timeout=120).returncode != 0:
+            return None
+        lib = ctypes.CDLL(str(tmp / "peak.so"))
+        for name in ("add_chain", "fma512", "fma256", "dpbf16"):
+            if hasattr(lib, name):
+                getattr(lib, name).restype = ctypes.c_double
+                getattr(lib, name).argtypes = [ctypes.c_long]
+        return lib
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _best_rate(fn, n: int, work_per_iter: float, repeats: int = 5) -> float:
+    """Best (work / second) over ``repeats`` calls of ``fn(n)``."""
+    fn(n // 10)  # warm up: wake the core, settle the clock
+    return max(n * work_per_iter / fn(n) for _ in range(repeats))
+
+
+def _all_cores(fn, n: int, work: float, cores: int) -> float:
+    """(work / second) summed over ``cores`` threads running ``fn`` at once (ctypes drops
+    the GIL)."""
+    rates: list[float] = []
+
+    def worker():
+        rates.append(n * work / fn(n))
+
+    threads = [threading.Thread(target=worker) for _ in range(cores)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(rates)
+
+
+def measure(quick: bool = False, gemm_sizes: list[int] | None = None) -> Peak:
+    flags = cpu_flags()
+    cores = physical_cores()
+    avx512 = flags.get("avx512f", False)
+    lanes = 16 if avx512 else 8 if flags.get("avx2") and flags.get("fma") else 4
+    has_bf16 = flags.get("avx512_bf16", False)
+    lib = _compile(bf16=has_bf16) or (_compile(bf16=False) if has_bf16 else None)
+    notes: list[str] = []
+    n = 2_000_000 if quick else 10_000_000
+    if lib is not None:
+        clock = _best_rate(lib.add_chain, n, 16) / 1e9
+        clock_method = "measured: timed chain of dependent integer adds (1 cycle each), one core"
+    else:
+        clock = (_cpuinfo_mhz() or 2000.0) / 1000
+        clock_method = "/proc/cpuinfo cpu MHz (no C compiler for the add-chain measurement)"
+    fma_measured = bf16_measured = all_cores = None
+    fma = None
+    if lib is not None and lanes >= 8:
+        fma, accumulators = (lib.fma512, 16) if avx512 else (lib.fma256, 12)
+        iters = n // 4
+        rate = _best_rate(fma, iters, accumulators * lanes * 2)
+        fma_measured = rate / (clock * 1e9)
+        all_cores = _all_cores(fma, iters, accumulators * lanes * 2, cores)
+    if fma_measured is not None:
+        pipes = max(1, round(fma_measured / (lanes * 2)))
+    else:
+        pipes = 2
+        notes.append("FMA pipes not measured (no C compiler): assumed 2")
+    fp32_per_cycle = float(lanes * 2 * pipes)
+    if flags.get("amx_bf16"):
+        bf16_per_cycle, bf16_method = 1024.0, "AMX-BF16: 1024 FLOPs/cycle/core (TDPBF16PS)"
+    elif has_bf16 and lib is not None and hasattr(lib, "dpbf16"):
+        rate = _best_rate(lib.dpbf16, n // 4, 16 * 64)
+        bf16_measured = rate / (clock * 1e9)
+        dp_pipes = max(1, round(bf16_measured / 64))
+        bf16_per_cycle = 64.0 * dp_pipes
+        bf16_method = f"AVX512_BF16 VDPBF16PS: 64 FLOPs x {dp_pipes} pipe(s) (measured)"
+    elif has_bf16:
+        bf16_per_cycle, bf16_method = 2 * fp32_per_cycle, "AVX512_BF16, assumed 2x fp32"
+    else:
+        bf16_per_cycle, bf16_method = fp32_per_cycle, "no native bf16 compute: = fp32"
+    peak = Peak(
+        cpu_model=cpu_model(),
+        cores=cores,
+        flags=flags,
+        clock_ghz=clock,
+        clock_method=clock_method,
+        fp32_lanes=lanes,
+        fp32_flops_per_cycle=fp32_per_cycle,
+        fp32_measured_flops_per_cycle=fma_measured,
+        bf16_flops_per_cycle=bf16_per_cycle,
+        bf16_measured_flops_per_cycle=bf16_measured,
+        bf16_method=bf16_method,
+        fp32_fma_loop_all_cores=all_cores,
+        notes=notes,
+    )
+    peak.gemm_best = gemm_sweep(gemm_sizes or ([1024, 2048] if quick else [1024, 2048, 4096]))
+    return peak
+
+
+def gemm_sweep(sizes: list[int], repeats: int = 3) -> dict[str, dict]:
+    """Best torch.mm FLOP/s on CPU (eager) over square sizes, fp32 and bf16."""
+    best: dict[str, dict] = {}
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for n in sizes:
+            a = torch.randn(n, n).to(dtype)
+            b = torch.randn(n, n).to(dtype)
+            torch.mm(a, b)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                torch.mm(a, b)
+                times.append(time.perf_counter() - t0)
+            rate = 2 * n**3 / min(times)
+            if rate > best.get(name, {}).get("flops_per_s", 0):
+                best[name] = {"n": n, "flops_per_s": rate}
+    return best

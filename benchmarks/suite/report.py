@@ -1,0 +1,418 @@
+"""BENCHMARKS.md, the JSON record and the plots, from one run's results."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from dataclasses import asdict
+from pathlib import Path
+
+from .harness import REFERENCE, WorkloadResult
+from .peak import Peak
+
+HEADER = (
+    "<!-- GENERATED FILE: written by benchmarks/run_suite.py (`make bench`). "
+    "Do not edit by hand; rerun the command below to regenerate. -->"
+)
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def fmt_time(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.3f} s"
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def fmt_flops(f: float | None) -> str:
+    if f is None:
+        return "-"
+    return f"{f / 1e9:.1f} GFLOP/s" if f < 1e12 else f"{f / 1e12:.2f} TFLOP/s"
+
+
+def fmt_sci(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "inf" if math.isinf(x) else f"{x:.2g}"
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> str:
+    right = right if right is not None else set(range(1, len(headers)))
+    rule = ["---:" if i in right else "---" for i in range(len(headers))]
+    out = ["| " + " | ".join(headers) + " |", "| " + " | ".join(rule) + " |"]
+    out += ["| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _status(s) -> str:
+    return {"ok": "ok", "WRONG": "**WRONG**", "skip": "skipped", "error": "error"}[s.status]
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def summary_table(results: list[WorkloadResult]) -> str:
+    rows = []
+    for r in results:
+        ref, ember, best = r.get(REFERENCE), r.get("ember-eager"), r.best_baseline()
+        ember_cell = "-"
+        if ember is not None:
+            ember_cell = fmt_ratio(ember.ratio) if ember.status == "ok" else _status(ember)
+        unit = f"/{r.unit}" if r.unit != "run" else ""
+        rows.append(
+            [
+                r.name,
+                fmt_time(ref.median_s if ref else None) + unit,
+                ember_cell,
+                best.system if best else "-",
+                fmt_ratio(best.ratio) if best else "-",
+                "-" if r.other_load is None else f"{r.other_load:.2f}",
+            ]
+        )
+    return table(
+        [
+            "workload",
+            "CPU eager (median)",
+            "ember eager / CPU eager",
+            "best baseline",
+            "best baseline / CPU eager",
+            "other load (cores)",
+        ],
+        rows,
+    )
+
+
+def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str:
+    import torch
+
+    cores = min(threads, peak.cores)
+
+    def pct(f: float | None, dtype) -> str:
+        return "-" if f is None else f"{100 * f / peak.theoretical(dtype, cores):.1f}%"
+
+    gemm = {}
+    for r in results:
+        if r.name in ("gemm-fp32", "gemm-bf16"):
+            ok = [s for s in r.systems if s.status == "ok" and s.gflops]
+            if ok:
+                b = max(ok, key=lambda s: s.gflops)
+                gemm[r.name[-4:]] = (b.gflops * 1e9, b.system)
+    f32, b16 = torch.float32, torch.bfloat16
+    measured = [
+        "measured FLOPs/cycle/core (FMA loop, one core)",
+        fmt_sci(peak.fp32_measured_flops_per_cycle),
+        fmt_sci(peak.bf16_measured_flops_per_cycle),
+    ]
+    rows = [
+        ["FLOPs/cycle/core (ISA x pipes)", f"{peak.fp32_flops_per_cycle:g}", f"{peak.bf16_flops_per_cycle:g}"],
+        measured,
+        [f"theoretical peak, {cores} core(s) x {peak.clock_ghz:.2f} GHz",
+         fmt_flops(peak.theoretical(f32, cores)), fmt_flops(peak.theoretical(b16, cores))],
+        ["FMA loop on all cores at once",
+         fmt_flops(peak.fp32_fma_loop_all_cores) + " " + pct(peak.fp32_fma_loop_all_cores, f32), "-"],
+    ]  # fmt: skip
+    best = peak.gemm_best
+    rows.append(
+        [
+            "best torch.mm (CPU eager, sweep)",
+            *(
+                f"{fmt_flops(best[k]['flops_per_s'])} (n={best[k]['n']}) "
+                f"{pct(best[k]['flops_per_s'], dt)}"
+                if k in best
+                else "-"
+                for k, dt in (("fp32", f32), ("bf16", b16))
+            ),
+        ]
+    )
+    rows.append(
+        [
+            "best system on the GEMM 2048 workload",
+            *(
+                f"{fmt_flops(gemm[k][0])} ({gemm[k][1]}) {pct(gemm[k][0], dt)}" if k in gemm else "-"
+                for k, dt in (("fp32", f32), ("bf16", b16))
+            ),
+        ]
+    )
+    lines = [
+        table(["", "fp32", "bf16"], rows, right={1, 2}),
+        "",
+        f"- clock: {peak.clock_ghz:.2f} GHz, {peak.clock_method}",
+        f"- fp32: {peak.fp32_lanes} lanes x 2 (FMA) x "
+        f"{peak.fp32_flops_per_cycle / (2 * peak.fp32_lanes):g} FMA pipe(s), the pipe count "
+        "rounded from the measured FMA loop",
+        f"- bf16: {peak.bf16_method}",
+        "- percentages are of the theoretical peak of the cores used "
+        f"({cores} = the thread count)",
+    ]
+    lines += [f"- {n}" for n in peak.notes]
+    return "\n".join(lines)
+
+
+def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
+    unit = r.unit if r.unit != "run" else "run"
+    flops = (
+        f"{r.flops / 1e9:.3g} GFLOP per run"
+        if r.flops
+        else "FLOPs not counted"
+    )
+    head = [
+        f"### {r.name}: {r.title}",
+        "",
+        f"{flops} (torch.utils.flop_counter on CPU eager: matmul, conv, attention); "
+        f"{r.params / 1e6:.1f} M parameters; dtype {r.dtype}; tolerance max|diff|/max|ref| "
+        f"<= {r.rtol:g}; {r.rounds} rounds in {r.timing_s:.1f} s; times are per {unit}"
+        + (f" ({r.per_run} {unit}s per run)" if r.per_run > 1 else "")
+        + (f"; other processes used {r.other_load:.2f} cores meanwhile" if r.other_load else ""),
+        "",
+    ]
+    rows = []
+    for s in r.systems:
+        rows.append(
+            [
+                s.system,
+                str(s.rank) if s.rank else "-",
+                fmt_time(s.median_s),
+                f"{fmt_time(s.p10_s)} - {fmt_time(s.p90_s)}" if s.p10_s is not None else "-",
+                fmt_ratio(s.ratio),
+                "-" if s.gflops is None else f"{s.gflops:.1f}",
+                "-" if s.frac_peak is None else f"{100 * s.frac_peak:.1f}%",
+                fmt_sci(s.max_abs_diff),
+                _status(s),
+                "-" if s.prepare_s is None else f"{s.prepare_s:.1f} s",
+                fmt_bytes(s.peak_rss_delta),
+                fmt_bytes(s.ember_max_allocated),
+                f"{len(s.samples_s)}x{s.number}" if s.samples_s else "-",
+            ]
+        )
+    body = table(
+        [
+            "system",
+            "rank",
+            f"median /{unit}",
+            "p10 - p90",
+            "vs CPU eager",
+            "GFLOP/s",
+            "of peak",
+            "max abs diff",
+            "status",
+            "prepare",
+            "peak RSS delta",
+            "ember max alloc",
+            "samples x runs",
+        ],
+        rows,
+    )
+    notes = [f"- {n}" for n in r.notes]
+    for s in r.systems:
+        for text in ([s.reason] if s.reason else []) + s.notes:
+            notes.append(f"- {s.system}: {text}")
+    return "\n".join(head + [body] + ([""] + notes if notes else []))
+
+
+METHOD = """\
+- **Systems run in the same process, interleaved.** For each workload every
+  system is prepared (export, compile or copy to the device), run once and
+  warmed up; then timing goes in rounds, one sample of every system per
+  round, in an order that rotates each round, with a short pause between
+  samples so worker threads that spin after a run go to sleep. A sample is
+  enough back-to-back runs to last >= {sample_ms:g} ms (garbage collector off)
+  and gives the mean time of one run. Rounds stop after {rounds}, or once
+  {budget:g} s are spent and at least {min_rounds} are done.
+- **Reported:** median of the samples, p10 - p90 as the spread; "vs CPU eager"
+  is median / median of PyTorch CPU eager from the same rounds (lower is
+  faster). Decode is reported per token (a run is all decode steps).
+- **Correctness:** the first output of every system is compared with CPU
+  eager's: max |out - ref| (reported) and max |out - ref| / max |ref|, which
+  must stay within the workload's tolerance; a system above it is **WRONG**
+  and gets no rank (and cannot be the best baseline). GPT-2 decode compares
+  generated tokens; where a token differs only the steps up to it are
+  compared (a near-tie of two logits is not an error).
+- **Threads:** {threads} for every system: `torch.set_num_threads({threads})` (eager,
+  Inductor, ember), ONNX Runtime `intra_op_num_threads={threads}` (inter-op 1),
+  OpenVINO `INFERENCE_NUM_THREADS={threads}`.
+- **Memory:** "peak RSS delta" is the process's peak resident set size over
+  preparation, first run and warm-up (VmHWM, reset through
+  /proc/self/clear_refs) minus the RSS before preparing, after a GC and
+  malloc_trim. It covers what the system adds: its own copy of the weights (CPU
+  eager uses the model that was built, so its delta is activations only),
+  compiled code, exported graphs, activations. ember's memory is host memory
+  and is in RSS too; "ember max alloc" is `torch.ember.max_memory_allocated()`
+  over the same phase.
+- **FLOPs** are counted by `torch.utils.flop_counter.FlopCounterMode` on a CPU
+  eager run (matmul, convolution, attention; elementwise ops are not
+  counted); "of peak" is GFLOP/s over the theoretical peak of the cores used
+  for the workload's dtype.
+- **Other load:** CPU time used by other processes while timing (from
+  /proc/stat), in cores; with 2 cores, anything above ~0.1 makes the numbers
+  noisy.
+- Workloads are built from transformers configs with random weights and fixed
+  seeds (`HF_HUB_OFFLINE=1`, nothing downloaded)."""
+
+
+def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots: list[str]) -> str:
+    s = meta["settings"]
+    out = [
+        HEADER,
+        "",
+        "# ember benchmarks",
+        "",
+        f"Generated {meta['date']} by `{meta['command']}`"
+        + (f" (runs `{meta['argv']}`)" if meta.get("argv") != meta["command"] else "")
+        + f", {meta['elapsed_s'] / 60:.1f} min. **Do not edit by hand**: rerun the command.",
+        "",
+        "## Ratio to PyTorch CPU eager (same run; lower is faster)",
+        "",
+        summary_table(results),
+        "",
+        "Best baseline: the fastest correct system other than ember "
+        "(CPU eager included, so it is <= 1.00x).",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {meta['cpu_model']}, {meta['cores']} physical cores ({meta['logical']} logical), "
+        f"{meta['mem_gib']:.0f} GiB",
+        f"- ISA: {', '.join(k for k, v in meta['flags'].items() if v)}",
+        f"- not present: {', '.join(k for k, v in meta['flags'].items() if not v) or '-'}",
+        f"- OS: {meta['os']}; Python {platform.python_version()}",
+        f"- threads: **{s['threads']}** for every system (see Method)",
+        "",
+        "## Systems and versions",
+        "",
+        table(
+            ["system", "version", "configuration"],
+            [[n, v["version"], v["config"].replace("\n", " ")] for n, v in meta["systems"].items()],
+            right=set(),
+        ),
+        "",
+        "Other packages: " + ", ".join(f"{k} {v}" for k, v in meta["packages"].items()),
+        "",
+    ]
+    if peak is not None:
+        out += ["## Physical limit", "", peak_section(peak, s["threads"], results), ""]
+    out += ["## Workloads", ""]
+    for r in results:
+        out += [workload_section(r, peak, s["threads"]), ""]
+    if plots:
+        out += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    out += [
+        "## Method",
+        "",
+        METHOD.format(
+            sample_ms=s["sample_s"] * 1e3,
+            rounds=s["rounds"],
+            budget=s["budget_s"],
+            min_rounds=s["min_rounds"],
+            threads=s["threads"],
+        ),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write_json(path: Path, meta: dict, peak: Peak | None, results: list[WorkloadResult]) -> None:
+    doc = {
+        "meta": meta,
+        "peak": asdict(peak) if peak else None,
+        "workloads": [asdict(r) for r in results],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plots(results: list[WorkloadResult], out_dir: Path, rel_to: Path) -> list[str]:
+    """ratio.png, latency.png, peak.png; returns their paths relative to ``rel_to``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    systems = list(dict.fromkeys(s.system for r in results for s in r.systems))
+    colors = {n: plt.cm.tab10(i % 10) for i, n in enumerate(systems)}
+    names = [r.name for r in results]
+    width = 0.8 / max(1, len(systems))
+    written = []
+
+    def bars(ax, value, label_fmt, log=False):
+        for j, sysname in enumerate(systems):
+            xs, ys = [], []
+            for i, r in enumerate(results):
+                s = r.get(sysname)
+                v = value(s) if s is not None and s.status == "ok" else None
+                if v is not None:
+                    xs.append(i + (j - (len(systems) - 1) / 2) * width)
+                    ys.append(v)
+            ax.barh(xs, ys, height=width, color=colors[sysname], label=sysname)
+            for x, y in zip(xs, ys):
+                ax.text(y, x, " " + label_fmt(y), va="center", fontsize=6)
+        ax.set_yticks(range(len(names)), names)
+        ax.invert_yaxis()
+        if log:
+            ax.set_xscale("log")
+        ax.legend(fontsize=7, loc="best")
+        ax.grid(axis="x", alpha=0.3)
+
+    height = 1.0 + 0.35 * len(names) * max(1, len(systems)) / 2
+    fig, ax = plt.subplots(figsize=(9, height))
+    bars(ax, lambda s: s.ratio, lambda y: f"{y:.2f}x", log=True)
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_xlabel("median time / CPU eager median (same run; lower is faster; log scale)")
+    ax.set_title("Time relative to PyTorch CPU eager (WRONG / skipped systems omitted)")
+    fig.tight_layout()
+    fig.savefig(out_dir / "ratio.png", dpi=110)
+    plt.close(fig)
+    written.append(out_dir / "ratio.png")
+
+    cols = 3
+    rows = math.ceil(len(results) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, results):
+        ok = [s for s in r.systems if s.status == "ok" and s.median_s]
+        ys = range(len(ok))
+        med = [s.median_s * 1e3 for s in ok]
+        err = [
+            [(s.median_s - s.p10_s) * 1e3 for s in ok],
+            [(s.p90_s - s.median_s) * 1e3 for s in ok],
+        ]
+        ax.barh(ys, med, xerr=err, color=[colors[s.system] for s in ok], capsize=2)
+        ax.set_yticks(list(ys), [s.system for s in ok], fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(f"{r.name} (ms/{r.unit}, p10-p90)", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+    for ax in list(axes.flat)[len(results) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency.png", dpi=110)
+    plt.close(fig)
+    written.append(out_dir / "latency.png")
+
+    if any(s.frac_peak for r in results for s in r.systems):
+        fig, ax = plt.subplots(figsize=(9, height))
+        bars(ax, lambda s: s.frac_peak and 100 * s.frac_peak, lambda y: f"{y:.0f}%")
+        ax.set_xlabel("achieved FLOP/s as % of the theoretical peak (cores used, dtype)")
+        ax.set_title("Fraction of the machine's peak")
+        fig.tight_layout()
+        fig.savefig(out_dir / "peak.png", dpi=110)
+        plt.close(fig)
+        written.append(out_dir / "peak.png")
+    return [os.path.relpath(p, rel_to) for p in written]

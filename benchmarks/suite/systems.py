@@ -1,0 +1,333 @@
+"""The systems a workload runs on: a registry where each system is one function.
+
+A system is ``fn(workload, threads) -> Prepared`` (or it raises ``Skip``).
+``Prepared.run()`` runs the workload once, start to finish, and returns its
+outputs (on any device; the harness copies them to CPU for the check). Every
+system gets the same thread count and is measured at its best documented
+inference configuration. To add a system, write one function:
+
+    @register("ember-compiled", version=lambda: torch_ember_version())
+    def ember_compiled(w: Workload, threads: int) -> Prepared:
+        module = torch.compile(to_device_copy(w.module, "ember"), backend=...)
+        return run_on(w, module, device="ember", sync=torch.ember.synchronize)
+
+The order of ``SYSTEMS`` is the order of the report; ``cpu-eager`` is the
+reference every other system is compared with and must stay first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.metadata
+import io
+import itertools
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .workloads import Workload
+
+
+class Skip(Exception):
+    """The system cannot run this workload (missing package, unsupported dtype, ...)."""
+
+
+@dataclass
+class Prepared:
+    run: Callable[[], tuple]
+    notes: list[str] = field(default_factory=list)
+    close: Callable[[], None] | None = None
+
+
+@dataclass
+class System:
+    name: str
+    fn: Callable[[Workload, int], Prepared]
+    version: Callable[[], str]
+    config: str  # the configuration, for the report
+
+
+SYSTEMS: dict[str, System] = {}
+
+
+def register(name: str, version: Callable[[], str], config: str = ""):
+    def wrap(fn: Callable[[Workload, int], Prepared]):
+        SYSTEMS[name] = System(name, fn, version, config or (fn.__doc__ or "").strip())
+        return fn
+
+    return wrap
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def run_on(
+    w: Workload,
+    call: Callable,
+    device: str = "cpu",
+    sync: Callable[[], None] | None = None,
+    notes: list[str] | None = None,
+    close: Callable[[], None] | None = None,
+) -> Prepared:
+    """Prepared for a system whose ``call`` takes and returns torch tensors on ``device``."""
+    inputs = tuple(x.to(device) for x in w.inputs)
+
+    def run() -> tuple:
+        with torch.inference_mode():
+            out = w.driver(call, inputs)
+        if sync is not None:
+            sync()
+        return out
+
+    return Prepared(run=run, notes=list(notes or []), close=close)
+
+
+def to_device_copy(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """A copy of ``module`` on ``device`` without a transient second CPU copy.
+
+    Parameters and buffers are moved one by one and handed to ``deepcopy``
+    through its memo, so tied weights stay tied.
+    """
+    memo: dict[int, object] = {}
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if id(t) not in memo:
+            moved = t.detach().to(device)
+            if isinstance(t, torch.nn.Parameter):
+                moved = torch.nn.Parameter(moved, requires_grad=t.requires_grad)
+            memo[id(t)] = moved
+    return copy.deepcopy(module, memo)
+
+
+def dynamic_dims(w: Workload) -> list[set[int]]:
+    """Per input of ``w``, the dims that ``w.dynamic_shapes`` declares dynamic."""
+    if w.dynamic_shapes is None:
+        return [set() for _ in w.inputs]
+    dims: list[set[int]] = []
+    for spec in w.dynamic_shapes:
+        for s in spec if isinstance(spec, (tuple, list)) else (spec,):
+            dims.append(set(s or {}))
+    if len(dims) != len(w.inputs):
+        raise ValueError(f"{w.name}: dynamic_shapes has {len(dims)} inputs, not {len(w.inputs)}")
+    return dims
+
+
+def torch_export(w: Workload) -> torch.export.ExportedProgram:
+    with torch.no_grad():
+        return torch.export.export(w.module, w.inputs, dynamic_shapes=w.dynamic_shapes)
+
+
+# --------------------------------------------------------------------------- PyTorch
+
+
+@register("cpu-eager", version=lambda: torch.__version__)
+def cpu_eager(w: Workload, threads: int) -> Prepared:
+    """PyTorch eager on CPU under torch.inference_mode() (the reference)."""
+    return run_on(w, w.module)
+
+
+@register("cpu-inductor", version=lambda: torch.__version__)
+def cpu_inductor(w: Workload, threads: int) -> Prepared:
+    """torch.compile (Inductor, default mode) with torch._inductor.config.freezing=True,
+    called under torch.inference_mode(); dynamic shapes by dynamo's automatic
+    dynamic (decode: recompiles once during warm-up)."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._inductor.config.freezing = True
+    compiled = torch.compile(w.module)
+    return run_on(w, compiled, close=torch._dynamo.reset)
+
+
+# --------------------------------------------------------------------------- ONNX Runtime
+
+
+def _export_onnx(w: Workload, path: Path) -> str:
+    """Exports ``w.module`` to ``path``; returns which exporter worked.
+
+    The dynamo exporter (torch.export -> ONNX, torch's default) first; the
+    TorchScript exporter (``dynamo=False``) if it fails.
+    """
+    errors = []
+    with torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            torch.onnx.export(
+                w.module, w.inputs, str(path), dynamo=True, dynamic_shapes=w.dynamic_shapes
+            )
+            return "dynamo"
+        except Exception as e:  # noqa: BLE001 - fall back, keep the reason
+            errors.append(f"dynamo: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        names = [f"input_{i}" for i in range(len(w.inputs))]
+        axes = {n: {d: f"dyn{d}" for d in dims} for n, dims in zip(names, dynamic_dims(w)) if dims}
+        try:
+            torch.onnx.export(
+                w.module,
+                w.inputs,
+                str(path),
+                dynamo=False,
+                input_names=names,
+                dynamic_axes=axes or None,
+                opset_version=17,
+            )
+            return "torchscript (dynamo exporter failed: " + errors[0] + ")"
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"torchscript: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+    raise Skip("ONNX export failed: " + "; ".join(errors))
+
+
+def _to_numpy(x: torch.Tensor):
+    if x.dtype == torch.bfloat16:  # numpy has no bf16; ml_dtypes (an onnx dependency) has
+        import ml_dtypes
+
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
+
+
+def _from_numpy(array) -> torch.Tensor:
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view("int16")).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+@register("onnxruntime", version=lambda: _dist_version("onnxruntime"))
+def onnxruntime_cpu(w: Workload, threads: int) -> Prepared:
+    """ONNX Runtime CPUExecutionProvider, graph optimizations ORT_ENABLE_ALL,
+    intra_op_num_threads=threads, inter_op_num_threads=1, sequential; model
+    exported with torch.onnx.export (dynamo exporter, TorchScript fallback)."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise Skip(f"onnxruntime not installed ({e})") from None
+    tmp = Path(tempfile.mkdtemp(prefix="ember-bench-onnx-"))
+    try:
+        exporter = _export_onnx(w, tmp / f"{w.name}.onnx")
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            sess = ort.InferenceSession(
+                str(tmp / f"{w.name}.onnx"), so, providers=["CPUExecutionProvider"]
+            )
+        except Exception as e:  # noqa: BLE001
+            raise Skip(f"ORT session: {str(e).splitlines()[0][:200]}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    names = [i.name for i in sess.get_inputs()]
+    if len(names) != len(w.inputs):
+        raise Skip(f"exported graph has {len(names)} inputs, the module {len(w.inputs)}")
+
+    def call(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = sess.run(None, {n: _to_numpy(x) for n, x in zip(names, xs)})
+        return tuple(_from_numpy(o) for o in outs)
+
+    return run_on(w, call, notes=[f"exporter: {exporter}"])
+
+
+# --------------------------------------------------------------------------- OpenVINO
+
+
+def _ov_tensor(ov, x: torch.Tensor):
+    if x.dtype == torch.bfloat16:  # numpy has no bf16: hand OpenVINO the raw bits
+        return ov.Tensor(x.view(torch.int16).numpy(), list(x.shape), ov.Type.bf16)
+    return x.numpy()
+
+
+def _from_ov(array, dtype: torch.dtype | None) -> torch.Tensor:
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view("int16")).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+@register("openvino", version=lambda: _dist_version("openvino"))
+def openvino_cpu(w: Workload, threads: int) -> Prepared:
+    """OpenVINO CPU plugin: torch.export -> ov.convert_model (TorchScript tracing
+    fallback) -> ov.compile_model with INFERENCE_NUM_THREADS=threads,
+    PERFORMANCE_HINT=LATENCY, INFERENCE_PRECISION_HINT=the workload's dtype
+    (f32 set explicitly: OpenVINO would otherwise pick bf16 on CPUs with bf16
+    support); static input shapes except the dims the workload declares dynamic."""
+    try:
+        import openvino as ov
+    except ImportError as e:
+        raise Skip(f"openvino not installed ({e})") from None
+    notes = []
+    try:
+        model = ov.convert_model(torch_export(w))
+        notes.append("converted from torch.export")
+    except Exception as e:  # noqa: BLE001
+        first = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        try:
+            with torch.no_grad():
+                model = ov.convert_model(w.module, example_input=w.inputs)
+            notes.append(f"converted by TorchScript tracing (torch.export route: {first})")
+        except Exception as e2:  # noqa: BLE001
+            raise Skip(f"ov.convert_model failed: {first}; tracing: {str(e2)[:160]}") from None
+    shapes = [
+        ov.PartialShape([-1 if d in dyn else n for d, n in enumerate(x.shape)])
+        for x, dyn in zip(w.inputs, dynamic_dims(w))
+    ]
+    if len(model.inputs) != len(w.inputs):
+        raise Skip(f"converted model has {len(model.inputs)} inputs, the module {len(w.inputs)}")
+    model.reshape(dict(zip(model.inputs, shapes)))
+    precision = "bf16" if w.dtype == torch.bfloat16 else "f32"
+    compiled = ov.compile_model(
+        model,
+        "CPU",
+        {
+            "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": precision,
+        },
+    )
+    request = compiled.create_infer_request()
+    out_dtypes = [
+        torch.bfloat16 if o.get_element_type() == ov.Type.bf16 else None for o in compiled.outputs
+    ]
+
+    def call(*xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        res = request.infer([_ov_tensor(ov, x) for x in xs], share_inputs=True)
+        return tuple(_from_ov(res[i], dt) for i, dt in enumerate(out_dtypes))
+
+    return run_on(w, call, notes=notes)
+
+
+# --------------------------------------------------------------------------- ember
+
+
+def torch_ember_version() -> str:
+    version = _dist_version("torch_ember")
+    try:
+        import subprocess
+
+        here = Path(__file__).resolve().parent
+        rev = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        return f"{version} (git {rev})" if rev else version
+    except Exception:  # noqa: BLE001
+        return version
+
+
+@register("ember-eager", version=torch_ember_version)
+def ember_eager(w: Workload, threads: int) -> Prepared:
+    """ember eager: module and inputs on "ember" (model.to("ember")), under
+    torch.inference_mode(), torch.ember.synchronize() at the end of a run."""
+    if not hasattr(torch, "ember"):
+        raise Skip("torch_ember is not loaded")
+    module = to_device_copy(w.module, "ember")
+    return run_on(w, module, device="ember", sync=torch.ember.synchronize)
