@@ -33,3 +33,28 @@ format:
 
 clean:
 	rm -rf build torch_ember/*.so
+
+# --------------------------------------------------------------------------
+# Benchmark suite (issue 3): ember against PyTorch eager, Inductor, ONNX
+# Runtime and OpenVINO, in one run. Writes BENCHMARKS.md and docs/bench/.
+#   make bench            full suite (~30-40 min on 2 cores)
+#   make bench QUICK=1    reduced set (< 10 min)
+#   make bench-deps       installs requirements-bench.txt (exact pins) into .venv
+# BENCH_ARGS passes extra options, e.g. BENCH_ARGS="--threads 1 --workloads mlp-b1".
+.PHONY: bench bench-deps
+
+BENCH_FLAGS := $(if $(filter 1 yes true,$(QUICK)),--quick,) $(BENCH_ARGS)
+
+bench-deps: setup
+	@req_hash=$$(sha256sum requirements-bench.txt | cut -c1-16); \
+	if [ ! -f .venv/.bench-$$req_hash ]; then \
+	  echo "[bench-deps] installing requirements-bench.txt"; \
+	  $(PY) -m pip install -q -r requirements-bench.txt && \
+	  rm -f .venv/.bench-* && touch .venv/.bench-$$req_hash; \
+	fi
+	@$(PY) -c "import torch, sys; v = torch.__version__; \
+	  sys.exit(0 if v == '2.13.0+cpu' else 'torch changed to ' + v + ': reinstall requirements-dev.txt')"
+
+bench: bench-deps
+	BENCH_COMMAND="make bench$(if $(filter 1 yes true,$(QUICK)), QUICK=1,)$(if $(BENCH_ARGS), BENCH_ARGS=\"$(BENCH_ARGS)\",)" \
+	  $(PY) benchmarks/run_suite.py $(BENCH_FLAGS)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import platform
@@ -28,10 +29,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from suite import harness, peak, report, workloads  # noqa: E402
-from suite.systems import SYSTEMS  # noqa: E402
+import torch
+from suite import harness, peak, report, workloads
+from suite.systems import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +43,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     p.add_argument("--plots", type=Path, default=ROOT / "docs" / "bench")
     p.add_argument("--json", type=Path, default=None, help="default: <plots>/results.json")
-    p.add_argument("--workloads", default=None, help=f"comma list of {', '.join(workloads.WORKLOADS)}")
+    p.add_argument(
+        "--workloads", default=None, help=f"comma list of {', '.join(workloads.WORKLOADS)}"
+    )
     p.add_argument("--systems", default=None, help=f"comma list of {', '.join(SYSTEMS)}")
     p.add_argument("--rounds", type=int, default=None, help="max timing rounds per workload")
     p.add_argument("--budget", type=float, default=None, help="timing seconds per workload")
@@ -171,14 +173,17 @@ def main(argv: list[str] | None = None) -> int:
         "os": f"{platform.system()} {platform.release()}",
         "settings": vars(s),
         "systems": {
-            n: {"version": SYSTEMS[n].version(), "config": SYSTEMS[n].config}
-            for n in system_names
+            n: {"version": SYSTEMS[n].version(), "config": SYSTEMS[n].config} for n in system_names
         },
         "packages": _versions(),
     }
     json_path = args.json or args.plots / "results.json"
     report.write_json(json_path, meta, machine_peak, results)
-    plot_paths = report.plots(results, args.plots, args.out.resolve().parent)
+    plot_paths: list[str] = []
+    if importlib.util.find_spec("matplotlib") is not None:
+        plot_paths = report.plots(results, args.plots, args.out.resolve().parent)
+    else:
+        print("matplotlib not installed (make bench-deps): no plots", file=sys.stderr)
     args.out.write_text(report.markdown(meta, machine_peak, results, plot_paths))
     print(report.summary_table(results))
     print(f"\nwrote {args.out}, {json_path} and {len(plot_paths)} plots in {args.plots}")

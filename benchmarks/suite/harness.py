@@ -46,7 +46,7 @@ class Settings:
     budget_s: float = 30.0  # per workload, timing phase
     warmup: int = 2  # runs after the first one, before timing
     sample_s: float = 0.02  # a sample lasts at least this long (number >= 1)
-    pause_s: float = 0.002  # idle between samples (lets spinning worker threads sleep)
+    pause_s: float = 0.005  # idle between samples (lets spinning worker threads sleep)
     tiny: bool = False
 
 

@@ -32,7 +32,9 @@ def fmt_time(s: float | None) -> str:
 
 
 def fmt_ratio(r: float | None) -> str:
-    return "-" if r is None else f"{r:.2f}x"
+    if r is None:
+        return "-"
+    return f"{r:.3f}x" if r < 0.1 else f"{r:.2f}x" if r < 100 else f"{r:.0f}x"
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -117,8 +119,10 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
     f32, b16 = torch.float32, torch.bfloat16
     measured = [
         "measured FLOPs/cycle/core (FMA loop, one core)",
-        fmt_sci(peak.fp32_measured_flops_per_cycle),
-        fmt_sci(peak.bf16_measured_flops_per_cycle),
+        *(
+            "-" if v is None else f"{v:.1f}"
+            for v in (peak.fp32_measured_flops_per_cycle, peak.bf16_measured_flops_per_cycle)
+        ),
     ]
     rows = [
         ["FLOPs/cycle/core (ISA x pipes)", f"{peak.fp32_flops_per_cycle:g}", f"{peak.bf16_flops_per_cycle:g}"],
@@ -143,9 +147,11 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
     )
     rows.append(
         [
-            "best system on the GEMM 2048 workload",
+            "best system on the GEMM workloads",
             *(
-                f"{fmt_flops(gemm[k][0])} ({gemm[k][1]}) {pct(gemm[k][0], dt)}" if k in gemm else "-"
+                f"{fmt_flops(gemm[k][0])} ({gemm[k][1]}) {pct(gemm[k][0], dt)}"
+                if k in gemm
+                else "-"
                 for k, dt in (("fp32", f32), ("bf16", b16))
             ),
         ]
@@ -154,12 +160,13 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
         table(["", "fp32", "bf16"], rows, right={1, 2}),
         "",
         f"- clock: {peak.clock_ghz:.2f} GHz, {peak.clock_method}",
-        f"- fp32: {peak.fp32_lanes} lanes x 2 (FMA) x "
-        f"{peak.fp32_flops_per_cycle / (2 * peak.fp32_lanes):g} FMA pipe(s), the pipe count "
-        "rounded from the measured FMA loop",
+        (
+            f"- fp32: {peak.fp32_lanes} lanes x 2 (FMA) x "
+            f"{peak.fp32_flops_per_cycle / (2 * peak.fp32_lanes):g} FMA pipe(s), the pipe "
+            "count rounded from the measured FMA loop"
+        ),
         f"- bf16: {peak.bf16_method}",
-        "- percentages are of the theoretical peak of the cores used "
-        f"({cores} = the thread count)",
+        f"- percentages are of the theoretical peak of the cores used ({cores} = threads)",
     ]
     lines += [f"- {n}" for n in peak.notes]
     return "\n".join(lines)
@@ -167,11 +174,7 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
 
 def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
     unit = r.unit if r.unit != "run" else "run"
-    flops = (
-        f"{r.flops / 1e9:.3g} GFLOP per run"
-        if r.flops
-        else "FLOPs not counted"
-    )
+    flops = f"{r.flops / 1e9:.3g} GFLOP per run" if r.flops else "FLOPs not counted"
     head = [
         f"### {r.name}: {r.title}",
         "",
@@ -281,13 +284,17 @@ def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots
         "",
         summary_table(results),
         "",
-        "Best baseline: the fastest correct system other than ember "
-        "(CPU eager included, so it is <= 1.00x).",
+        (
+            "Best baseline: the fastest correct system other than ember "
+            "(CPU eager included, so it is <= 1.00x)."
+        ),
         "",
         "## Machine",
         "",
-        f"- CPU: {meta['cpu_model']}, {meta['cores']} physical cores ({meta['logical']} logical), "
-        f"{meta['mem_gib']:.0f} GiB",
+        (
+            f"- CPU: {meta['cpu_model']}, {meta['cores']} physical cores "
+            f"({meta['logical']} logical), {meta['mem_gib']:.0f} GiB"
+        ),
         f"- ISA: {', '.join(k for k, v in meta['flags'].items() if v)}",
         f"- not present: {', '.join(k for k, v in meta['flags'].items() if not v) or '-'}",
         f"- OS: {meta['os']}; Python {platform.python_version()}",
@@ -374,7 +381,7 @@ def plots(results: list[WorkloadResult], out_dir: Path, rel_to: Path) -> list[st
 
     height = 1.0 + 0.35 * len(names) * max(1, len(systems)) / 2
     fig, ax = plt.subplots(figsize=(9, height))
-    bars(ax, lambda s: s.ratio, lambda y: f"{y:.2f}x", log=True)
+    bars(ax, lambda s: s.ratio, fmt_ratio, log=True)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xlabel("median time / CPU eager median (same run; lower is faster; log scale)")
     ax.set_title("Time relative to PyTorch CPU eager (WRONG / skipped systems omitted)")

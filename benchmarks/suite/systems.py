@@ -57,7 +57,8 @@ SYSTEMS: dict[str, System] = {}
 
 def register(name: str, version: Callable[[], str], config: str = ""):
     def wrap(fn: Callable[[Workload, int], Prepared]):
-        SYSTEMS[name] = System(name, fn, version, config or (fn.__doc__ or "").strip())
+        text = " ".join((config or fn.__doc__ or "").split())
+        SYSTEMS[name] = System(name, fn, version, text)
         return fn
 
     return wrap
@@ -145,9 +146,14 @@ def cpu_inductor(w: Workload, threads: int) -> Prepared:
     import torch._dynamo
     import torch._inductor.config
 
-    torch._inductor.config.freezing = True
-    compiled = torch.compile(w.module)
-    return run_on(w, compiled, close=torch._dynamo.reset)
+    previous = torch._inductor.config.freezing
+    torch._inductor.config.freezing = True  # read when compiling, i.e. at the first calls
+
+    def close() -> None:
+        torch._dynamo.reset()
+        torch._inductor.config.freezing = previous
+
+    return run_on(w, torch.compile(w.module), close=close)
 
 
 # --------------------------------------------------------------------------- ONNX Runtime
@@ -314,6 +320,7 @@ def torch_ember_version() -> str:
         here = Path(__file__).resolve().parent
         rev = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            check=False,
             capture_output=True,
             text=True,
             timeout=10,
