@@ -269,6 +269,8 @@ def run_workload(
     progress: Callable[..., None] = lambda msg, advance=0: None,
 ) -> WorkloadResult:
     w = wl.build(name, tiny=s.tiny)
+    for m in w.module.modules():
+        assert not m.training, f"{name}: {type(m).__name__} is in training mode"
     if not systems or systems[0].name != REFERENCE:
         raise ValueError(f"the first system must be {REFERENCE} (the reference)")
     result = WorkloadResult(

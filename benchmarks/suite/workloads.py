@@ -103,7 +103,7 @@ def bert(batch: int, tiny: bool = False) -> Workload:
     return Workload(
         name=f"bert-b{batch}",
         title=f"BERT-base encoder, seq {seq}, batch {batch}",
-        module=_Field(model, "input_ids", "last_hidden_state"),
+        module=_Field(model, "input_ids", "last_hidden_state").eval(),
         inputs=(ids,),
     )
 
@@ -128,7 +128,7 @@ def vit(tiny: bool = False) -> Workload:
     return Workload(
         name="vit-b1",
         title=f"ViT-base {size}x{size}, batch 1",
-        module=_Field(model, "pixel_values", "last_hidden_state"),
+        module=_Field(model, "pixel_values", "last_hidden_state").eval(),
         inputs=(pixels,),
     )
 
@@ -146,7 +146,7 @@ def resnet(tiny: bool = False) -> Workload:
     return Workload(
         name="resnet50-b1",
         title=f"ResNet-50 {size}x{size}, batch 1 (1000 classes)",
-        module=_Field(model, "pixel_values", "logits"),
+        module=_Field(model, "pixel_values", "logits").eval(),
         inputs=(pixels,),
     )
 
@@ -178,12 +178,16 @@ def _cat_layer_class():
     return CatLayer
 
 
+# Made once, when a GPT-2 workload is built: a class made per call would fail
+# torch.compile's guards on every call.
+_CAT_LAYER: type | None = None
+
+
 def _cache(config, flat: Sequence[torch.Tensor] = ()):
     from transformers import DynamicCache
 
-    layer_class = _cat_layer_class()
     cache = DynamicCache(config=config)
-    cache.layers = [layer_class() for _ in range(config.n_layer)]
+    cache.layers = [_CAT_LAYER() for _ in range(config.n_layer)]
     for i in range(len(flat) // 2):
         cache.layers[i].update(flat[2 * i], flat[2 * i + 1])
     return cache
@@ -220,7 +224,10 @@ class GPT2Step(torch.nn.Module):
 
 
 def _gpt2(tiny: bool):
+    global _CAT_LAYER
     tr = _quiet_transformers()
+    if _CAT_LAYER is None:
+        _CAT_LAYER = _cat_layer_class()
     if tiny:
         cfg = tr.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=64)
         prompt, steps = 8, 4
@@ -237,7 +244,7 @@ def gpt2_prefill(tiny: bool = False) -> Workload:
     return Workload(
         name="gpt2-prefill",
         title=f"GPT-2 small prefill, {ids.shape[1]} tokens (KV cache out, last logits)",
-        module=GPT2Prefill(model),
+        module=GPT2Prefill(model).eval(),
         inputs=(ids,),
     )
 
@@ -286,7 +293,7 @@ def gpt2_decode(tiny: bool = False) -> Workload:
     return Workload(
         name="gpt2-decode",
         title=f"GPT-2 small greedy decode, {steps} steps after a {ids.shape[1]}-token prefill",
-        module=GPT2Step(model),
+        module=GPT2Step(model).eval(),
         inputs=(token, *kv),
         driver=_greedy(steps),
         per_run=steps,

@@ -131,6 +131,14 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
     argument =
         arguments_to_cpu(std::move(argument), plan.written[i], delegation);
   }
+  if (plan.has_generator && !delegation.saw_ember() &&
+      delegation.foreign_device().has_value()) {
+    // Only the generator is ember (e.g. torch.randn(3, generator=ember_gen)):
+    // report it the way CUDA does.
+    TORCH_CHECK(false, "Expected a '", delegation.foreign_device()->type(),
+                "' device type for generator but found 'ember' (in ",
+                plan.name, ")");
+  }
   delegation.settle();
   const c10::DeviceIndex device = delegation.device();
   if (plan.has_generator) {

@@ -37,6 +37,10 @@ class DelegationCall final {
   // nothing named one) and raises for a CPU tensor CUDA would reject.
   void settle();
   c10::DeviceIndex device() const { return device_; }
+  // True once an ember tensor or an ember Device argument was seen.
+  bool saw_ember() const { return device_ >= 0; }
+  // The first argument on a device CUDA would reject beside ember tensors.
+  const std::optional<c10::Device>& foreign_device() const { return foreign_; }
 
   // A CPU kernel result, as the ember tensor it stands for.
   at::Tensor from_cpu(const at::Tensor& result);

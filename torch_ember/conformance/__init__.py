@@ -1,0 +1,27 @@
+"""Conformance kit: PyTorch's OpInfo and ModuleInfo databases, run on a device vs CPU.
+
+``python -m torch_ember.conformance`` (``make conformance``) runs every
+OpInfo of ``torch.testing._internal.common_methods_invocations.op_db`` for
+each dtype it supports on CPU, over its sample inputs, on the device and on
+CPU, and compares the results bitwise (values, dtype, shape, strides,
+aliasing of in-place and ``out=`` results); then gradients (``backward``) for
+ops that support autograd, and the forward/backward samples of
+``common_modules.module_db`` (``modules``).
+
+The sweep runs in worker subprocesses (:mod:`.runner`), so a crash or hang
+is recorded as that task's result; results go to ``results.jsonl`` as they
+arrive and a restarted sweep skips what is done. Every task ends with one
+status: ``pass``, ``mismatch``, ``error_ember_only``, ``crash``, ``timeout``
+or ``unsupported_on_cpu`` (excluded from the pass rate). The kit only uses
+``torch.device(NAME)`` (``--device NAME``), so it runs against any
+PrivateUse1 backend (``--import MODULE`` loads it in every process).
+
+Modules: :mod:`.tasks` (what to run), :mod:`.cases` (running one task in a
+process), :mod:`.transform` (copying samples), :mod:`.compare` (comparing
+results), :mod:`.runner` (the scheduler), :mod:`.report` (JSON, Markdown),
+:mod:`.subset` (the fast subset run by ``make test``).
+"""
+
+from .report import EXCLUDED, FAILING, STATUSES
+
+__all__ = ["EXCLUDED", "FAILING", "STATUSES"]

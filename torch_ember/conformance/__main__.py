@@ -1,0 +1,198 @@
+"""``python -m torch_ember.conformance``: the conformance sweep (see the package doc)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+import traceback
+from pathlib import Path
+
+DEFAULT_OUT = Path("build/conformance")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m torch_ember.conformance",
+        description="Run PyTorch's OpInfo/ModuleInfo databases on a device and compare with CPU.",
+    )
+    parser.add_argument(
+        "--ops",
+        action="append",
+        help="op/module name pattern (fnmatch or regex, comma-separated; repeatable)",
+    )
+    parser.add_argument("--dtypes", help="comma-separated dtypes, e.g. float32,int64")
+    parser.add_argument(
+        "--kind", default="forward,backward,modules", help="forward,backward,modules"
+    )
+    parser.add_argument("--variants", help="comma-separated: op,inplace,out,grad,train,eval")
+    parser.add_argument("--device", default="ember", help="device type name (default ember)")
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        help="module to import in every process first (to load another backend)",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads per worker (default cores/jobs)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    parser.add_argument("--doc", type=Path, help="also write the Markdown report here")
+    parser.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds without progress on one sample"
+    )
+    parser.add_argument("--max-samples", type=int, help="samples per op-dtype-variant")
+    parser.add_argument("--limit", type=int, help="run only the first N pending tasks")
+    parser.add_argument("--fresh", action="store_true", help="discard earlier results")
+    parser.add_argument(
+        "--rerun",
+        help="rerun tasks whose earlier status is in this list (e.g. crash,timeout or 'failed')",
+    )
+    parser.add_argument("--extra-ops", help="Python file defining a list `op_db` of extra OpInfos")
+    parser.add_argument("--list", action="store_true", help="print the selected task keys")
+    parser.add_argument("--repro", metavar="KEY", help="run one task in-process, verbosely")
+    parser.add_argument("--sample", type=int, help="with --repro: run only this sample, raising")
+    return parser
+
+
+def _split(values) -> list[str]:
+    if not values:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def _repro(args, registry, device) -> int:
+    from . import cases
+    from .tasks import Task, parse_dtype
+
+    task = Task.from_key(args.repro)
+    dtype = parse_dtype(task.dtype)
+    if args.sample is None:
+        if task.kind == "forward":
+            result = cases.run_forward(registry.ops[task.name], dtype, task.variant, device)
+        elif task.kind == "backward":
+            result = cases.run_backward(registry.ops[task.name], dtype, device)
+        else:
+            info = registry.modules[task.name]
+            result = cases.run_module(info, dtype, task.variant, device)
+        print(json.dumps(result, indent=1))
+        return 0 if result["status"] in ("pass", "unsupported_on_cpu") else 1
+    cases.DEBUG = True
+    sample = cases.pick_sample(task, registry, dtype, args.sample)
+    print("sample:", sample.summary())
+    try:
+        outcome = cases.run_sample(task, registry, dtype, device, sample)
+    except cases.Outcome as outcome_error:
+        print(f"{outcome_error.outcome}: {outcome_error.cause}: {outcome_error.detail}")
+        return 1
+    except Exception:  # noqa: BLE001 - shown with its traceback
+        traceback.print_exc()
+        return 1
+    print(outcome)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    import importlib
+
+    import torch
+
+    for module in args.imports:
+        importlib.import_module(module)
+
+    from . import report
+    from .runner import Runner, load_results
+    from .tasks import KINDS, Registry, parse_dtype
+
+    kinds = _split(args.kind)
+    for kind in kinds:
+        if kind not in KINDS:
+            raise SystemExit(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
+    dtypes = [parse_dtype(d) for d in _split(args.dtypes)] or None
+    registry = Registry(args.extra_ops, load_modules="modules" in kinds or bool(args.repro))
+    device = torch.device(args.device)
+    if args.repro:
+        return _repro(args, registry, device)
+    tasks = registry.tasks(kinds, _split(args.ops) or None, dtypes, _split(args.variants) or None)
+    if args.list:
+        for task in tasks:
+            print(task.key)
+        print(f"{len(tasks)} tasks", file=sys.stderr)
+        return 0
+    results_path = args.out / "results.jsonl"
+    if args.fresh and results_path.exists():
+        results_path.unlink()
+    if args.rerun:
+        _drop_for_rerun(results_path, set(_split(args.rerun)), {t.key for t in tasks})
+    selected = tasks
+    if args.limit is not None:
+        done = load_results(results_path)
+        pending = [t for t in tasks if t.key not in done][: args.limit]
+        selected = [t for t in tasks if t.key in done] + pending
+    threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
+    start = time.monotonic()
+    runner = Runner(
+        selected,
+        args.out,
+        device=args.device,
+        jobs=args.jobs,
+        threads=threads,
+        timeout=args.timeout,
+        max_samples=args.max_samples,
+        extra_ops=args.extra_ops,
+        imports=args.imports,
+    )
+    results = runner.run()
+    wall = time.monotonic() - start
+    records = [results[t.key] for t in selected if t.key in results]
+    meta = {
+        "command": "python -m torch_ember.conformance "
+        + " ".join(map(shlex.quote, argv or sys.argv[1:])),
+        "device": args.device,
+        "torch": torch.__version__,
+        "date": datetime.date.today().isoformat(),
+        "wall_seconds": round(wall, 1),
+        "jobs": args.jobs,
+        "threads": threads,
+        "max_samples": args.max_samples,
+    }
+    report.write_json(args.out / "conformance.json", records, meta)
+    report.write_markdown(args.out / "conformance.md", records, meta)
+    if args.doc:
+        report.write_markdown(args.doc, records, meta)
+    table = report.totals(records)
+    for kind, row in table.items():
+        rate = "n/a" if row["pass_rate"] is None else f"{100 * row['pass_rate']:.2f}%"
+        others = ", ".join(f"{s} {row[s]}" for s in report.STATUSES if s != "pass" and row[s])
+        print(f"[conformance] {kind}: {row['pass']}/{row['compared']} pass ({rate}) {others}")
+    print(f"[conformance] report: {args.out / 'conformance.md'}")
+    return 0
+
+
+def _drop_for_rerun(path: Path, statuses: set[str], keys: set[str]) -> None:
+    """Rewrites results.jsonl without the selected tasks whose status is in ``statuses``."""
+    from .report import FAILING
+    from .runner import load_results
+
+    if "failed" in statuses:
+        statuses |= set(FAILING)
+    results = load_results(path)
+    kept = [r for k, r in results.items() if not (k in keys and r["status"] in statuses)]
+    if len(kept) == len(results):
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,635 @@
+"""Running one op-dtype-variant (or module-dtype-mode) on the device and on CPU.
+
+Every sample is generated once on CPU (seeded, as PyTorch's own OpInfo tests
+do), copied twice with :mod:`.transform` (a CPU copy and a device copy with
+the same layout), and the same call is made on both with the global RNG
+seeded identically before each call. A sample ends as one of:
+
+``pass``            both ran and the device result equals the CPU result
+``mismatch``        both ran and something differs (see :mod:`.compare`), or
+                    the device returned a result where CPU raised
+``error``           CPU ran, the device raised (error on the device only)
+``cpu_error``       CPU raised and so did the device (excluded)
+``skipped``         nothing to compare (e.g. no differentiable output)
+
+and the case's status is the worst of its samples: ``mismatch`` over
+``error_ember_only`` over ``pass``; ``unsupported_on_cpu`` when no sample ran
+on CPU. Crashes and timeouts are decided by the runner, outside the process.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .compare import Mismatch, compare, values_equal
+from .transform import flat_tensors, sample_involves_device, sample_to, to_device
+
+SEED = 20240601
+
+# Ops whose values are random: compared for type, device, dtype, shape and
+# strides only. (With equal seeds ember's generators reproduce CPU's streams,
+# so a values difference is still counted, as ``random_value_diffs``.)
+RANDOM_OPS = (
+    "bernoulli",
+    "cauchy",
+    "exponential",
+    "geometric",
+    "log_normal",
+    "multinomial",
+    "normal",
+    "normal.*",
+    "uniform",
+    "rand*",
+    "nn.functional.*dropout*",
+    "nn.functional.rrelu",
+    "nn.functional.fractional_max_pool*",
+    "svd_lowrank",
+    "pca_lowrank",
+    "nn.functional.scaled_dot_product_attention",
+    "nn.functional.multi_head_attention_forward",
+)
+# Ops that return uninitialized memory: structure only.
+UNINITIALIZED_OPS = ("empty*", "new_empty*", "resize_", "resize_as_")
+RANDOM_MODULES = ("nn.*Dropout*", "nn.RReLU", "nn.FractionalMaxPool*")
+
+# Set by --repro: device errors propagate with their traceback instead of
+# being recorded.
+DEBUG = False
+
+SAMPLE_OUTCOMES = ("pass", "mismatch", "error", "cpu_error", "skipped")
+MAX_FAILURES = 3
+MAX_TEXT = 700
+
+
+def _matches(name: str, patterns) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def is_random_op(op) -> bool:
+    return _matches(op.full_name, RANDOM_OPS) or _matches(op.name, RANDOM_OPS)
+
+
+def values_compared(op) -> bool:
+    """False for ops whose values are random or uninitialized."""
+    if getattr(op, "has_nondeterministic_output", False):
+        return False
+    return not (is_random_op(op) or _matches(op.full_name, UNINITIALIZED_OPS))
+
+
+def _short(text: str, limit: int = MAX_TEXT) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _error_text(error: BaseException) -> str:
+    return _short(f"{type(error).__name__}: {error}")
+
+
+def _call(fn: Callable, inp: Any, args: tuple, kwargs: dict) -> Any:
+    torch.manual_seed(SEED)
+    return fn(inp, *args, **kwargs)
+
+
+class _Outcome(Exception):
+    """Ends a sample early with the given outcome."""
+
+    def __init__(self, outcome: str, cause: str, detail: str = ""):
+        super().__init__(detail or cause)
+        self.outcome = outcome
+        self.cause = cause
+        self.detail = detail
+
+
+class CaseResult:
+    def __init__(self):
+        self.counts = dict.fromkeys(SAMPLE_OUTCOMES, 0)
+        self.failures: list[dict] = []
+        self.notes: dict[str, Any] = {}
+        self.sample_error: str | None = None
+
+    def add(self, index: int, outcome: str, sample=None, cause: str = "", detail: str = ""):
+        self.counts[outcome] += 1
+        if outcome in ("mismatch", "error") and len(self.failures) < MAX_FAILURES:
+            summary = ""
+            if sample is not None:
+                try:
+                    summary = _short(sample.summary(), 400)
+                except Exception:  # noqa: BLE001 - a summary is best effort
+                    summary = "?"
+            self.failures.append(
+                {
+                    "sample": index,
+                    "outcome": outcome,
+                    "cause": cause,
+                    "error": _short(detail or cause),
+                    "input": summary,
+                }
+            )
+
+    def status(self) -> str:
+        if self.counts["mismatch"]:
+            return "mismatch"
+        if self.counts["error"]:
+            return "error_ember_only"
+        if self.counts["pass"]:
+            return "pass"
+        return "unsupported_on_cpu"
+
+    def to_dict(self) -> dict:
+        out: dict[str, Any] = {"status": self.status(), "samples": sum(self.counts.values())}
+        out["counts"] = {k: v for k, v in self.counts.items() if v}
+        if self.failures:
+            first = self.failures[0]
+            out["cause"] = first["cause"]
+            out["error"] = first["error"]
+            out["failures"] = self.failures
+        elif out["status"] == "unsupported_on_cpu":
+            out["error"] = self.sample_error or self.notes.pop("cpu_error", "no sample ran on CPU")
+        out.update(self.notes)
+        return out
+
+
+def _device_error(error: BaseException, context: str = "") -> _Outcome:
+    if DEBUG:
+        raise error
+    return _Outcome("error", context + type(error).__name__, _error_text(error))
+
+
+def _check_aliasing(cpu_inputs, dev_inputs, cpu_out, dev_out):
+    """Outputs that are (or view) an input on CPU must be (or view) it on the device."""
+    c_outs, d_outs = flat_tensors(cpu_out), flat_tensors(dev_out)
+    for i, (c, d) in enumerate(zip(c_outs, d_outs, strict=False)):
+        for j, (ci, di) in enumerate(zip(cpu_inputs, dev_inputs, strict=True)):
+            if (c is ci) != (d is di):
+                which = "is" if c is ci else "is not"
+                raise Mismatch(
+                    "returned object identity differs",
+                    f"on CPU output {i} {which} input {j}; on the device it is the opposite",
+                )
+            if _same_storage(c, ci) != _same_storage(d, di):
+                which = "aliases" if _same_storage(c, ci) else "does not alias"
+                raise Mismatch(
+                    "aliasing differs",
+                    f"on CPU output {i} {which} input {j}'s storage; on the device the opposite",
+                )
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        if t.layout != torch.strided or t.untyped_storage().nbytes() == 0:
+            return 0
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - tensors without storage never alias
+        return 0
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    pa = _storage_ptr(a)
+    return pa != 0 and pa == _storage_ptr(b)
+
+
+def _compare_inputs(cpu_inputs, dev_inputs, device, values):
+    for j, (c, d) in enumerate(zip(cpu_inputs, dev_inputs, strict=True)):
+        try:
+            compare(c, d, device, values, where=f"input {j} after the call")
+        except Mismatch as error:
+            raise Mismatch("input after the call differs: " + error.cause, error.detail) from None
+
+
+def _run_pair(fn, cpu_args, dev_args):
+    """Runs fn on the CPU and the device copies; returns (cpu_out, dev_out)."""
+    try:
+        cpu_out = _call(fn, *cpu_args)
+    except Exception as cpu_error:  # noqa: BLE001 - any CPU failure excludes the sample
+        try:
+            _call(fn, *dev_args)
+        except Exception:  # noqa: BLE001
+            raise _Outcome("cpu_error", "", _error_text(cpu_error)) from None
+        raise _Outcome(
+            "mismatch",
+            "device returned a result where CPU raised",
+            "CPU raised " + _error_text(cpu_error),
+        ) from None
+    try:
+        dev_out = _call(fn, *dev_args)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error) from None
+    return cpu_out, dev_out
+
+
+def _iterate_samples(op, dtype, requires_grad, max_samples):
+    torch.manual_seed(SEED)
+    samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+    for index, sample in enumerate(samples):
+        if max_samples is not None and index >= max_samples:
+            break
+        yield index, sample
+
+
+def _copy_sample(sample, device):
+    cpu_args = sample_to(sample, torch.device("cpu"))
+    try:
+        dev_args = sample_to(sample, device)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "copying the sample to the device: ") from None
+    return cpu_args, dev_args
+
+
+def _forward_sample(op, variant, sample, device, values):
+    if variant == "out":
+        return _out_sample(op, sample, device, values)
+    cpu_args, dev_args = _copy_sample(sample, device)
+    # A factory call with no tensor and no device argument creates CPU tensors.
+    device = device if sample_involves_device(sample) else torch.device("cpu")
+    cpu_inputs, dev_inputs = flat_tensors(cpu_args), flat_tensors(dev_args)
+    fn = op.get_inplace() if variant == "inplace" else op.get_op()
+    cpu_out, dev_out = _run_pair(fn, cpu_args, dev_args)
+    compare(cpu_out, dev_out, device, values)
+    _check_aliasing(cpu_inputs, dev_inputs, cpu_out, dev_out)
+    _compare_inputs(cpu_inputs, dev_inputs, device, values)
+    if not values:
+        tensors = list(zip(flat_tensors(cpu_out), flat_tensors(dev_out), strict=False))
+        if not all(values_equal(c, d) for c, d in tensors):
+            return "random_value_diff"
+    return "pass"
+
+
+def _out_template(expected, mode):
+    def make(t):
+        if mode == "resize":
+            return t.new_empty(0)
+        return torch.zeros_like(t)
+
+    if isinstance(expected, torch.Tensor):
+        return make(expected)
+    return tuple(make(t) for t in expected)
+
+
+def _out_sample(op, sample, device, values):
+    """out= variant: a pre-sized out and an empty out the kernel must resize."""
+    cpu_args = sample_to(sample, torch.device("cpu"))
+    try:
+        expected = _call(op.get_op(), *cpu_args)
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", _error_text(error)) from None
+    if not (
+        isinstance(expected, torch.Tensor)
+        or (
+            isinstance(expected, (tuple, list))
+            and expected
+            and all(isinstance(t, torch.Tensor) for t in expected)
+        )
+    ):
+        raise _Outcome("skipped", "", "the op does not return tensors")
+    ran = False
+    for mode in ("presized", "resize"):
+        template = _out_template(expected, mode)
+        cpu_args, dev_args = _copy_sample(sample, device)
+        cpu_out_arg = to_device(template, torch.device("cpu"))
+        try:
+            dev_out_arg = to_device(template, device)
+        except Exception as error:  # noqa: BLE001
+            raise _device_error(error) from None
+        cpu_inputs, dev_inputs = flat_tensors(cpu_args), flat_tensors(dev_args)
+
+        def with_out(out):
+            def fn(inp, *args, **kwargs):
+                return op.get_op()(inp, *args, **kwargs, out=out)
+
+            return fn
+
+        try:
+            cpu_res, dev_res = _run_pair_out(with_out, cpu_out_arg, dev_out_arg, cpu_args, dev_args)
+        except _Outcome as outcome:
+            if outcome.outcome == "cpu_error":
+                continue
+            outcome.cause = f"out= ({mode}): {outcome.cause}"
+            raise
+        ran = True
+        try:
+            compare(cpu_res, dev_res, device, values, where="result")
+            compare(cpu_out_arg, dev_out_arg, device, values, where="out")
+            _check_aliasing(
+                cpu_inputs + flat_tensors(cpu_out_arg),
+                dev_inputs + flat_tensors(dev_out_arg),
+                cpu_res,
+                dev_res,
+            )
+            _compare_inputs(cpu_inputs, dev_inputs, device, values)
+        except Mismatch as error:
+            raise Mismatch(f"out= ({mode}): {error.cause}", error.detail) from None
+    if not ran:
+        raise _Outcome("cpu_error", "", "out= raised on CPU")
+    return "pass"
+
+
+def _run_pair_out(with_out, cpu_out_arg, dev_out_arg, cpu_args, dev_args):
+    try:
+        cpu_res = _call(with_out(cpu_out_arg), *cpu_args)
+    except Exception as cpu_error:  # noqa: BLE001
+        try:
+            _call(with_out(dev_out_arg), *dev_args)
+        except Exception:  # noqa: BLE001
+            raise _Outcome("cpu_error", "", _error_text(cpu_error)) from None
+        raise _Outcome(
+            "mismatch",
+            "device returned a result where CPU raised",
+            "CPU raised " + _error_text(cpu_error),
+        ) from None
+    try:
+        dev_res = _call(with_out(dev_out_arg), *dev_args)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error) from None
+    return cpu_res, dev_res
+
+
+def forward_variants(op) -> list[str]:
+    variants = ["op"]
+    if op.get_inplace() is not None:
+        variants.append("inplace")
+    if op.supports_out:
+        variants.append("out")
+    return variants
+
+
+def _run_samples(result, samples, body, progress):
+    try:
+        for index, sample in samples:
+            progress(index, sample)
+            try:
+                outcome = body(sample)
+            except _Outcome as error:
+                result.add(index, error.outcome, sample, error.cause, error.detail)
+                if error.outcome == "cpu_error" and "cpu_error" not in result.notes:
+                    result.notes["cpu_error"] = error.detail
+                continue
+            except Mismatch as error:
+                result.add(index, "mismatch", sample, error.cause, str(error))
+                continue
+            except Exception as error:  # noqa: BLE001 - a harness problem on this sample
+                detail = _error_text(error) + "\n" + traceback.format_exc(limit=-3)
+                result.add(index, "error", sample, "harness error: " + type(error).__name__, detail)
+                continue
+            if outcome == "random_value_diff":
+                result.notes["random_value_diffs"] = result.notes.get("random_value_diffs", 0) + 1
+                outcome = "pass"
+            result.add(index, outcome, sample)
+    except Exception as error:  # noqa: BLE001 - generating samples failed
+        result.sample_error = "generating samples failed: " + _error_text(error)
+
+
+def run_forward(op, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
+    result = CaseResult()
+    values = values_compared(op)
+    if not values:
+        result.notes["values_compared"] = False
+    samples = _iterate_samples(op, dtype, False, max_samples)
+    _run_samples(
+        result, samples, lambda s: _forward_sample(op, variant, s, device, values), progress
+    )
+    return result.to_dict()
+
+
+def _differentiable(outputs) -> list[torch.Tensor]:
+    return [
+        t
+        for t in flat_tensors(outputs)
+        if t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
+    ]
+
+
+def _grad_outputs(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(SEED)
+    grads = []
+    for t in outputs:
+        g = torch.randn(t.shape, generator=generator, dtype=torch.float64)
+        grads.append(g.to(t.dtype) if not t.dtype.is_complex else (g * (1 + 1j)).to(t.dtype))
+    return grads
+
+
+def _backward(outputs, leaves):
+    """Gradients of ``sum(outputs * grad_outputs)`` with respect to the leaves."""
+    outs = _differentiable(outputs)
+    if not outs:
+        return None
+    grads = _grad_outputs(outs)
+    grads = [g.to(o.device) for g, o in zip(grads, outs, strict=True)]
+    return torch.autograd.grad(outs, leaves, grads, allow_unused=True)
+
+
+def _grad_pair(cpu_outputs, dev_outputs, cpu_leaves, dev_leaves):
+    try:
+        cpu_grads = _backward(cpu_outputs, cpu_leaves)
+    except Exception as cpu_error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", "backward: " + _error_text(cpu_error)) from None
+    if cpu_grads is None:
+        raise _Outcome("skipped", "", "no differentiable output")
+    try:
+        dev_grads = _backward(dev_outputs, dev_leaves)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "backward: ") from None
+    if dev_grads is None:
+        raise Mismatch("backward: no differentiable output on the device")
+    return cpu_grads, dev_grads
+
+
+def _backward_sample(op, sample, device):
+    cpu_args, dev_args = _copy_sample(sample, device)
+    cpu_leaves = [t for t in flat_tensors(cpu_args) if t.requires_grad]
+    dev_leaves = [t for t in flat_tensors(dev_args) if t.requires_grad]
+    if not cpu_leaves:
+        raise _Outcome("skipped", "", "no input requires grad")
+    cpu_out, dev_out = _run_pair(op.get_op(), cpu_args, dev_args)
+    try:
+        cpu_out = sample.output_process_fn_grad(cpu_out)
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", _error_text(error)) from None
+    try:
+        dev_out = sample.output_process_fn_grad(dev_out)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error) from None
+    cpu_grads, dev_grads = _grad_pair(cpu_out, dev_out, cpu_leaves, dev_leaves)
+    for index, (c, d) in enumerate(zip(cpu_grads, dev_grads, strict=True)):
+        if c is None or d is None:
+            if (c is None) != (d is None):
+                raise Mismatch("gradient presence differs", f"input {index}")
+            continue
+        try:
+            compare(c, d, device, True, where=f"grad of input {index}")
+        except Mismatch as error:
+            raise Mismatch("gradient " + error.cause, error.detail) from None
+    return "pass"
+
+
+def run_backward(op, dtype, device, max_samples=None, progress=lambda i, s: None) -> dict:
+    result = CaseResult()
+    samples = _iterate_samples(op, dtype, True, max_samples)
+    _run_samples(result, samples, lambda s: _backward_sample(op, s, device), progress)
+    return result.to_dict()
+
+
+# ---------------------------------------------------------------- modules
+
+
+def module_values_compared(info) -> bool:
+    return not _matches(info.name, RANDOM_MODULES)
+
+
+def _module_sample(info, module_input, dtype, training, device, values):
+    ctor, fwd = module_input.constructor_input, module_input.forward_input
+    torch.manual_seed(SEED)
+    try:
+        cpu_module = info.module_cls(*ctor.args, **ctor.kwargs)
+        cpu_module.to(dtype)
+        cpu_module.train(training)
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", "constructing: " + _error_text(error)) from None
+    try:
+        dev_module = copy.deepcopy(cpu_module).to(device)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "module.to(device): ") from None
+    cpu_args = (
+        to_device(fwd.args, torch.device("cpu")),
+        to_device(fwd.kwargs, torch.device("cpu")),
+    )
+    try:
+        dev_args = (to_device(fwd.args, device), to_device(fwd.kwargs, device))
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "copying the input to the device: ") from None
+
+    def call(module):
+        def fn(args, kwargs):
+            return module(*args, **kwargs)
+
+        return fn
+
+    try:
+        cpu_out = _call(call(cpu_module), cpu_args[0], (cpu_args[1],), {})
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", "forward: " + _error_text(error)) from None
+    try:
+        dev_out = _call(call(dev_module), dev_args[0], (dev_args[1],), {})
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "forward: ") from None
+    try:
+        compare(cpu_out, dev_out, device, values)
+    except Mismatch as error:
+        raise Mismatch("forward: " + error.cause, error.detail) from None
+    # Backward: inputs that require grad and all parameters.
+    cpu_params = [p for p in cpu_module.parameters() if p.requires_grad]
+    dev_params = [p for p in dev_module.parameters() if p.requires_grad]
+    names = [n for n, p in cpu_module.named_parameters() if p.requires_grad]
+    cpu_inputs = [t for t in flat_tensors(cpu_args) if t.requires_grad]
+    dev_inputs = [t for t in flat_tensors(dev_args) if t.requires_grad]
+    if not (cpu_params or cpu_inputs):
+        return "pass"
+    try:
+        cpu_grads, dev_grads = _grad_pair(
+            cpu_out, dev_out, cpu_inputs + cpu_params, dev_inputs + dev_params
+        )
+    except _Outcome as outcome:
+        if outcome.outcome == "skipped":
+            return "pass"  # forward compared; nothing to differentiate
+        raise
+    labels = [f"input {i}" for i in range(len(cpu_inputs))] + [f"parameter {n}" for n in names]
+    for label, c, d in zip(labels, cpu_grads, dev_grads, strict=True):
+        if (c is None) != (d is None):
+            raise Mismatch("backward: gradient presence differs", label)
+        if c is None:
+            continue
+        try:
+            compare(c, d, device, values, where=f"grad of {label}")
+        except Mismatch as error:
+            raise Mismatch("backward: gradient " + error.cause, error.detail) from None
+    return "pass"
+
+
+class _ModuleSample:
+    """Adapts a ModuleInput to the ``summary()`` used in failure records."""
+
+    def __init__(self, module_input):
+        self.module_input = module_input
+
+    def summary(self):
+        fwd = self.module_input.forward_input
+        desc = self.module_input.desc or ""
+        ctor = self.module_input.constructor_input
+        shapes = [tuple(t.shape) for t in flat_tensors((fwd.args, fwd.kwargs))]
+        return f"desc={desc!r} ctor_args={ctor.args!r} ctor_kwargs={ctor.kwargs!r} inputs={shapes}"
+
+
+def run_module(info, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
+    result = CaseResult()
+    training = variant == "train"
+    values = module_values_compared(info)
+    if not values:
+        result.notes["values_compared"] = False
+    torch.manual_seed(SEED)
+    try:
+        inputs = info.module_inputs_func(
+            info, device="cpu", dtype=dtype, requires_grad=True, training=training
+        )
+        inputs = [m for m in inputs if m.forward_input is not None]
+    except Exception as error:  # noqa: BLE001
+        result.sample_error = "generating module inputs failed: " + _error_text(error)
+        return result.to_dict()
+    if max_samples is not None:
+        inputs = inputs[:max_samples]
+    samples = ((i, _ModuleSample(m)) for i, m in enumerate(inputs))
+    _run_samples(
+        result,
+        samples,
+        lambda s: _module_sample(info, s.module_input, dtype, training, device, values),
+        progress,
+    )
+    return result.to_dict()
+
+
+def timed(fn, *args, **kwargs) -> dict:
+    start = time.perf_counter()
+    out = fn(*args, **kwargs)
+    out["seconds"] = round(time.perf_counter() - start, 3)
+    return out
+
+
+# ---------------------------------------------------------------- repro
+
+Outcome = _Outcome
+
+
+def pick_sample(task, registry, dtype, index):
+    """Sample ``index`` of a task, generated exactly as the sweep generates it."""
+    if task.kind == "modules":
+        info = registry.modules[task.name]
+        torch.manual_seed(SEED)
+        inputs = info.module_inputs_func(
+            info, device="cpu", dtype=dtype, requires_grad=True, training=task.variant == "train"
+        )
+        inputs = [m for m in inputs if m.forward_input is not None]
+        return _ModuleSample(inputs[index])
+    op = registry.ops[task.name]
+    for i, sample in _iterate_samples(op, dtype, task.kind == "backward", None):
+        if i == index:
+            return sample
+    raise IndexError(f"{task.key} has no sample {index}")
+
+
+def run_sample(task, registry, dtype, device, sample) -> str:
+    """Runs one sample of a task; failures raise (Mismatch, Outcome or the device's error)."""
+    if task.kind == "forward":
+        op = registry.ops[task.name]
+        return _forward_sample(op, task.variant, sample, device, values_compared(op))
+    if task.kind == "backward":
+        return _backward_sample(registry.ops[task.name], sample, device)
+    info = registry.modules[task.name]
+    training = task.variant == "train"
+    return _module_sample(
+        info, sample.module_input, dtype, training, device, module_values_compared(info)
+    )
