@@ -147,13 +147,13 @@ def test_cpu_generator_passed_to_ember_op_raises():
     with pytest.raises(RuntimeError):
         target.normal_(generator=cpu_generator)
     assert torch.equal(target.cpu(), torch.zeros(3))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Expected a 'ember' device type for generator"):
         torch.randperm(5, device="ember", generator=cpu_generator)
 
 
 def test_ember_generator_passed_to_cpu_op_raises():
     generator = torch.Generator(device="ember").manual_seed(0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
         torch.randn(3, generator=generator)
 
 
