@@ -8,9 +8,19 @@ PrivateUse1 backend to ``ember`` and registers ``torch.ember``::
     model = model.to("ember")
 """
 
-import torch
 
-from torch_ember import _C
+
+def _autoload() -> None:
+    """Entry point of the ``torch.backends`` group; importing did the work.
+
+    Defined before ``import torch``: when this package is imported first,
+    torch's own import calls this hook while the package is still loading.
+    """
+
+
+import torch  # noqa: E402
+
+from torch_ember import _C  # noqa: E402
 
 _C._initialize()  # raises for an invalid EMBER_DEVICES
 
@@ -49,9 +59,6 @@ def set_strict(strict: bool) -> None:
 def is_strict() -> bool:
     return _C.strict_mode()
 
-
-def _autoload() -> None:
-    """Entry point of the ``torch.backends`` group; importing did the work."""
 
 
 __all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]

@@ -269,6 +269,19 @@ METHOD = """\
   seeds (`HF_HUB_OFFLINE=1`, nothing downloaded)."""
 
 
+def _noise_warning(results: list[WorkloadResult], cores: int) -> list[str]:
+    worst = max((r.other_load or 0.0 for r in results), default=0.0)
+    if worst < 0.25:
+        return []
+    text = (
+        f"**Noisy run:** other processes kept up to {worst:.1f} of the {cores} cores busy "
+        "while timing (column 'other load'). Systems whose worker threads wait at "
+        "barriers (PyTorch's OpenMP: eager, Inductor, ember) lose most when a core is "
+        "taken; rerun on an idle machine before drawing conclusions."
+    )
+    return ["", text]
+
+
 def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots: list[str]) -> str:
     s = meta["settings"]
     out = [
@@ -288,6 +301,7 @@ def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots
             "Best baseline: the fastest correct system other than ember "
             "(CPU eager included, so it is <= 1.00x)."
         ),
+        *_noise_warning(results, meta.get("cores") or 1),
         "",
         "## Machine",
         "",

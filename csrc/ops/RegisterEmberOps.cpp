@@ -1,6 +1,7 @@
 // Where every aten op goes on ember. Registration only: each line maps an
 // operator schema to its kernel; kernels live in ops/kernels/ and the
 // default path in ops/CpuDelegation.cpp.
+#include <ATen/native/transformers/attention.h>
 #include <torch/library.h>
 
 #include "ops/CpuDelegation.h"
@@ -46,3 +47,9 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 }  // namespace ember
+
+// scaled_dot_product_attention asks this stub which fused kernel to use.
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub,
+                              &ember::kernels::fused_sdp_choice)
+}  // namespace at::native

@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
         "--rerun",
         help="rerun tasks whose earlier status is in this list (e.g. crash,timeout or 'failed')",
     )
+    parser.add_argument(
+        "--subset",
+        action="store_true",
+        help="the fast subset run by `make test` (with --max-samples defaulting to 6)",
+    )
     parser.add_argument("--extra-ops", help="Python file defining a list `op_db` of extra OpInfos")
     parser.add_argument("--list", action="store_true", help="print the selected task keys")
     parser.add_argument("--repro", metavar="KEY", help="run one task in-process, verbosely")
@@ -86,7 +91,7 @@ def _repro(args, registry, device) -> int:
         print(json.dumps(result, indent=1))
         return 0 if result["status"] in ("pass", "unsupported_on_cpu") else 1
     cases.DEBUG = True
-    sample = cases.pick_sample(task, registry, dtype, args.sample)
+    sample = cases.pick_sample(task, registry, dtype, args.sample, device)
     print("sample:", sample.summary())
     try:
         outcome = cases.run_sample(task, registry, dtype, device, sample)
@@ -118,11 +123,21 @@ def main(argv: list[str] | None = None) -> int:
         if kind not in KINDS:
             raise SystemExit(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
     dtypes = [parse_dtype(d) for d in _split(args.dtypes)] or None
-    registry = Registry(args.extra_ops, load_modules="modules" in kinds or bool(args.repro))
+    registry = Registry(
+        args.extra_ops, load_modules="modules" in kinds or bool(args.repro) or args.subset
+    )
     device = torch.device(args.device)
     if args.repro:
         return _repro(args, registry, device)
-    tasks = registry.tasks(kinds, _split(args.ops) or None, dtypes, _split(args.variants) or None)
+    if args.subset:
+        from . import subset
+
+        tasks = subset.tasks(registry)
+        if args.max_samples is None:
+            args.max_samples = subset.MAX_SAMPLES
+    else:
+        variants = _split(args.variants) or None
+        tasks = registry.tasks(kinds, _split(args.ops) or None, dtypes, variants)
     if args.list:
         for task in tasks:
             print(task.key)

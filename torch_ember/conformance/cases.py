@@ -29,7 +29,13 @@ from typing import Any
 import torch
 
 from .compare import Mismatch, compare, values_equal
-from .transform import flat_tensors, sample_involves_device, sample_to, to_device
+from .transform import (
+    flat_tensors,
+    placement_of,
+    sample_involves_device,
+    sample_to,
+    to_device,
+)
 
 SEED = 20240601
 
@@ -52,9 +58,12 @@ RANDOM_OPS = (
     "nn.functional.fractional_max_pool*",
     "svd_lowrank",
     "pca_lowrank",
-    "nn.functional.scaled_dot_product_attention",
-    "nn.functional.multi_head_attention_forward",
 )
+# Ops random only for samples with dropout: name -> predicate on the sample.
+SOMETIMES_RANDOM_OPS = {
+    "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
+    "nn.functional.multi_head_attention_forward": lambda s: bool(s.kwargs.get("training")),
+}
 # Ops that return uninitialized memory: structure only.
 UNINITIALIZED_OPS = ("empty*", "new_empty*", "resize_", "resize_as_")
 RANDOM_MODULES = ("nn.*Dropout*", "nn.RReLU", "nn.FractionalMaxPool*")
@@ -63,7 +72,7 @@ RANDOM_MODULES = ("nn.*Dropout*", "nn.RReLU", "nn.FractionalMaxPool*")
 # being recorded.
 DEBUG = False
 
-SAMPLE_OUTCOMES = ("pass", "mismatch", "error", "cpu_error", "skipped")
+SAMPLE_OUTCOMES = ("pass", "mismatch", "error", "harness_error", "cpu_error", "skipped")
 MAX_FAILURES = 3
 MAX_TEXT = 700
 
@@ -74,6 +83,12 @@ def _matches(name: str, patterns) -> bool:
 
 def is_random_op(op) -> bool:
     return _matches(op.full_name, RANDOM_OPS) or _matches(op.name, RANDOM_OPS)
+
+
+def _uninitialized(op) -> bool:
+    return getattr(op, "has_nondeterministic_output", False) or _matches(
+        op.full_name, UNINITIALIZED_OPS
+    )
 
 
 def values_compared(op) -> bool:
@@ -116,7 +131,8 @@ class CaseResult:
 
     def add(self, index: int, outcome: str, sample=None, cause: str = "", detail: str = ""):
         self.counts[outcome] += 1
-        if outcome in ("mismatch", "error") and len(self.failures) < MAX_FAILURES:
+        same = sum(1 for f in self.failures if f["outcome"] == outcome)
+        if outcome in ("mismatch", "error", "harness_error") and same < MAX_FAILURES:
             summary = ""
             if sample is not None:
                 try:
@@ -138,6 +154,8 @@ class CaseResult:
             return "mismatch"
         if self.counts["error"]:
             return "error_ember_only"
+        if self.counts["harness_error"]:
+            return "harness_error"
         if self.counts["pass"]:
             return "pass"
         return "unsupported_on_cpu"
@@ -146,7 +164,10 @@ class CaseResult:
         out: dict[str, Any] = {"status": self.status(), "samples": sum(self.counts.values())}
         out["counts"] = {k: v for k, v in self.counts.items() if v}
         if self.failures:
-            first = self.failures[0]
+            outcome = {"mismatch": "mismatch", "error_ember_only": "error"}.get(
+                out["status"], "harness_error"
+            )
+            first = next((f for f in self.failures if f["outcome"] == outcome), self.failures[0])
             out["cause"] = first["cause"]
             out["error"] = first["error"]
             out["failures"] = self.failures
@@ -198,7 +219,8 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _compare_inputs(cpu_inputs, dev_inputs, device, values):
     for j, (c, d) in enumerate(zip(cpu_inputs, dev_inputs, strict=True)):
         try:
-            compare(c, d, device, values, where=f"input {j} after the call")
+            # Inputs stay where they were put (some deliberately on CPU).
+            compare(c, d, d.device, values, where=f"input {j} after the call")
         except Mismatch as error:
             raise Mismatch("input after the call differs: " + error.cause, error.detail) from None
 
@@ -224,19 +246,45 @@ def _run_pair(fn, cpu_args, dev_args):
     return cpu_out, dev_out
 
 
-def _iterate_samples(op, dtype, requires_grad, max_samples):
+class _Sample:
+    """A CPU-generated SampleInput plus where the device generation put its tensors."""
+
+    __slots__ = ("placement", "sample")
+
+    def __init__(self, sample, placement):
+        self.sample = sample
+        self.placement = placement
+
+    def __getattr__(self, name):
+        return getattr(self.sample, name)
+
+
+def _iterate_samples(op, dtype, requires_grad, max_samples, device=None):
     torch.manual_seed(SEED)
     samples = op.sample_inputs("cpu", dtype, requires_grad=requires_grad)
+    probes = None
+    if device is not None:
+        try:
+            torch.manual_seed(SEED)
+            probes = iter(op.sample_inputs(device, dtype, requires_grad=requires_grad))
+        except Exception:  # noqa: BLE001 - without a probe every tensor goes to the device
+            probes = None
     for index, sample in enumerate(samples):
         if max_samples is not None and index >= max_samples:
             break
-        yield index, sample
+        probe = None
+        if probes is not None:
+            try:
+                probe = next(probes)
+            except Exception:  # noqa: BLE001
+                probes = None
+        yield index, _Sample(sample, placement_of(sample, probe))
 
 
 def _copy_sample(sample, device):
     cpu_args = sample_to(sample, torch.device("cpu"))
     try:
-        dev_args = sample_to(sample, device)
+        dev_args = sample_to(sample, device, getattr(sample, "placement", None))
     except Exception as error:  # noqa: BLE001
         raise _device_error(error, "copying the sample to the device: ") from None
     return cpu_args, dev_args
@@ -375,7 +423,8 @@ def _run_samples(result, samples, body, progress):
                 continue
             except Exception as error:  # noqa: BLE001 - a harness problem on this sample
                 detail = _error_text(error) + "\n" + traceback.format_exc(limit=-3)
-                result.add(index, "error", sample, "harness error: " + type(error).__name__, detail)
+                cause = "harness error: " + type(error).__name__
+                result.add(index, "harness_error", sample, cause, detail)
                 continue
             if outcome == "random_value_diff":
                 result.notes["random_value_diffs"] = result.notes.get("random_value_diffs", 0) + 1
@@ -385,15 +434,26 @@ def _run_samples(result, samples, body, progress):
         result.sample_error = "generating samples failed: " + _error_text(error)
 
 
+def sample_values_compared(op, sample) -> bool:
+    if not values_compared(op):
+        return False
+    random = SOMETIMES_RANDOM_OPS.get(op.full_name)
+    return not (random and random(sample))
+
+
 def run_forward(op, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
     result = CaseResult()
-    values = values_compared(op)
-    if not values:
+    if not values_compared(op):
         result.notes["values_compared"] = False
-    samples = _iterate_samples(op, dtype, False, max_samples)
-    _run_samples(
-        result, samples, lambda s: _forward_sample(op, variant, s, device, values), progress
-    )
+
+    def body(sample):
+        outcome = _forward_sample(op, variant, sample, device, sample_values_compared(op, sample))
+        if outcome == "random_value_diff" and _uninitialized(op):
+            outcome = "pass"  # uninitialized memory: nothing to note
+        return outcome
+
+    samples = _iterate_samples(op, dtype, False, max_samples, device)
+    _run_samples(result, samples, body, progress)
     return result.to_dict()
 
 
@@ -470,7 +530,7 @@ def _backward_sample(op, sample, device):
 
 def run_backward(op, dtype, device, max_samples=None, progress=lambda i, s: None) -> dict:
     result = CaseResult()
-    samples = _iterate_samples(op, dtype, True, max_samples)
+    samples = _iterate_samples(op, dtype, True, max_samples, device)
     _run_samples(result, samples, lambda s: _backward_sample(op, s, device), progress)
     return result.to_dict()
 
@@ -604,7 +664,7 @@ def timed(fn, *args, **kwargs) -> dict:
 Outcome = _Outcome
 
 
-def pick_sample(task, registry, dtype, index):
+def pick_sample(task, registry, dtype, index, device=None):
     """Sample ``index`` of a task, generated exactly as the sweep generates it."""
     if task.kind == "modules":
         info = registry.modules[task.name]
@@ -615,7 +675,7 @@ def pick_sample(task, registry, dtype, index):
         inputs = [m for m in inputs if m.forward_input is not None]
         return _ModuleSample(inputs[index])
     op = registry.ops[task.name]
-    for i, sample in _iterate_samples(op, dtype, task.kind == "backward", None):
+    for i, sample in _iterate_samples(op, dtype, task.kind == "backward", None, device):
         if i == index:
             return sample
     raise IndexError(f"{task.key} has no sample {index}")
@@ -625,7 +685,8 @@ def run_sample(task, registry, dtype, device, sample) -> str:
     """Runs one sample of a task; failures raise (Mismatch, Outcome or the device's error)."""
     if task.kind == "forward":
         op = registry.ops[task.name]
-        return _forward_sample(op, task.variant, sample, device, values_compared(op))
+        values = sample_values_compared(op, sample)
+        return _forward_sample(op, task.variant, sample, device, values)
     if task.kind == "backward":
         return _backward_sample(registry.ops[task.name], sample, device)
     info = registry.modules[task.name]

@@ -32,7 +32,9 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().reshape(-1).view(torch.uint8)
+    flat = torch.empty((t.numel(),), dtype=t.dtype)
+    flat.copy_(t.reshape(-1))
+    return flat.view(torch.uint8)
 
 
 def values_equal(cpu: torch.Tensor, dev: torch.Tensor) -> bool:

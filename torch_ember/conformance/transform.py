@@ -68,31 +68,55 @@ def map_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def to_device(value: Any, device: torch.device) -> Any:
-    """Deep transform: tensors copied to ``device``, containers rebuilt."""
+def to_device(value: Any, device: torch.device, placement=None) -> Any:
+    """Deep transform: tensors copied to ``device``, containers rebuilt.
+
+    ``placement``, an iterator of booleans (one per tensor, in
+    :func:`flat_tensors` order), says which tensors go to ``device``; the
+    others are copied to CPU (e.g. index tensors an op wants on CPU).
+    """
     if isinstance(value, torch.Tensor):
-        return copy_tensor(value, device)
+        on_device = True if placement is None else next(placement, True)
+        return copy_tensor(value, device if on_device else torch.device("cpu"))
     if isinstance(value, torch.Size):
         return value
     if isinstance(value, tuple):
-        items = [to_device(v, device) for v in value]
+        items = [to_device(v, device, placement) for v in value]
         if hasattr(value, "_fields"):  # namedtuple
             return type(value)(*items)
         return type(value)(items) if type(value) is not tuple else tuple(items)
     if isinstance(value, list):
-        return [to_device(v, device) for v in value]
+        return [to_device(v, device, placement) for v in value]
     if isinstance(value, dict):
-        return {k: to_device(v, device) for k, v in value.items()}
+        return {k: to_device(v, device, placement) for k, v in value.items()}
     return map_device(value, device)
 
 
-def sample_to(sample, device: torch.device) -> tuple[Any, tuple, dict]:
+def sample_to(sample, device: torch.device, placement: list[bool] | None = None):
     """(input, args, kwargs) of an OpInfo SampleInput, copied to ``device``."""
+    it = None if placement is None else iter(placement)
     return (
-        to_device(sample.input, device),
-        to_device(tuple(sample.args), device),
-        to_device(dict(sample.kwargs), device),
+        to_device(sample.input, device, it),
+        to_device(tuple(sample.args), device, it),
+        to_device(dict(sample.kwargs), device, it),
     )
+
+
+def placement_of(cpu_sample, device_sample) -> list[bool] | None:
+    """Which tensors the sample function put on the device when asked for it.
+
+    Sample functions keep some tensors on CPU whatever the device (index
+    tensors of ``tensor_split``, for instance); generating the sample for the
+    device too and reading where its tensors are keeps that. None when the
+    two samples do not have the same tensors.
+    """
+    if device_sample is None:
+        return None
+    cpu = flat_tensors((cpu_sample.input, tuple(cpu_sample.args), dict(cpu_sample.kwargs)))
+    dev = flat_tensors((device_sample.input, tuple(device_sample.args), dict(device_sample.kwargs)))
+    if len(cpu) != len(dev) or any(c.shape != d.shape for c, d in zip(cpu, dev, strict=True)):
+        return None
+    return [d.device.type != "cpu" for d in dev]
 
 
 def involves_device(value: Any) -> bool:
@@ -103,7 +127,9 @@ def involves_device(value: Any) -> bool:
         return any(involves_device(v) for v in value)
     if isinstance(value, dict):
         return any(involves_device(v) for v in value.values())
-    return isinstance(value, (str, torch.device)) and map_device(value, torch.device("meta")) != value
+    return (
+        isinstance(value, (str, torch.device)) and map_device(value, torch.device("meta")) != value
+    )
 
 
 def sample_involves_device(sample) -> bool:

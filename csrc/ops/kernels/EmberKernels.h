@@ -56,4 +56,11 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
                                                   double p,
                                                   std::optional<bool> train);
 
+// Attention.cpp
+int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
+                         const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask,
+                         double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa);
+
 }  // namespace ember::kernels
