@@ -241,3 +241,45 @@ def test_foreach_ops():
     torch._foreach_add_(es, 1.0)
     for e, x in zip(es, xs, strict=True):
         same(e, x + 1.0)
+
+
+# A CPU kernel that hands back memory it did not allocate during the op (a
+# buffer made beforehand), which ember can only copy: the one case the
+# fallback counter and strict mode exist for.
+_FOREIGN = torch.arange(6.0)
+_LIB = torch.library.Library("ember_test", "DEF")
+_LIB.define("foreign_buffer(Tensor x) -> Tensor")
+_LIB.impl("foreign_buffer", lambda x: _FOREIGN, "CPU")
+
+
+def test_unavoidable_copy_is_counted_per_op_and_refused_in_strict_mode():
+    torch_ember.reset_fallback_stats()
+    x = torch.ones(3, device="ember")
+    result = torch.ops.ember_test.foreign_buffer(x)
+    assert result.device.type == "ember"
+    assert result.cpu().tolist() == _FOREIGN.tolist()
+    assert result.data_ptr() != _FOREIGN.data_ptr()  # a copy, not the CPU buffer
+    stats = torch_ember.fallback_stats()
+    assert stats == {"ember_test::foreign_buffer": {"copies": 1, "bytes": 24}}
+
+    torch_ember.set_strict(True)
+    try:
+        with pytest.raises(RuntimeError, match="ember_test::foreign_buffer"):
+            torch.ops.ember_test.foreign_buffer(x)
+    finally:
+        torch_ember.set_strict(False)
+    assert torch_ember.fallback_stats()["ember_test::foreign_buffer"]["copies"] == 1
+
+
+def test_strict_mode_from_environment(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, torch_ember; assert torch_ember.is_strict(); "
+        "x = torch.ones(2, device='ember'); print((x + x).sum().item())"
+    )
+    env = {**__import__("os").environ, "EMBER_STRICT": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "4.0"
