@@ -22,13 +22,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs
 DEVICE = "ember"
 BF16 = torch.bfloat16
 
-SDPA_XFAIL = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="scaled_dot_product_attention on ember takes the math composite, CPU its flash "
-    "kernel (_fused_sdp_choice_stub has no PrivateUse1 kernel)",
-)
-
 
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
@@ -88,7 +81,7 @@ ALSO_CPU_LOWER_PRECISION = [n for n in LOWER_PRECISION if n not in ("mv", "addmv
 
 
 def _param(name: str):
-    return pytest.param(name, marks=SDPA_XFAIL) if name == "sdpa" else name
+    return name
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in LOWER_PRECISION])
@@ -143,15 +136,9 @@ FP32 = {
     "cdist": lambda x: torch.cdist(x, x),
 }
 
-CUDA_FP32_NOT_ON_EMBER = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="CUDA autocast runs this op in float32 (AutocastCUDA kernel registered for "
-    "it), ember's csrc/amp/RegisterAutocast.cpp does not list it, so it stays bfloat16",
-)
-# Ops CUDA autocast runs in float32 that ember's policy misses (seen by comparing the
+# Ops CUDA autocast runs in float32 that ember once missed (found by comparing the
 # AutocastCUDA and AutocastPrivateUse1 registrations in torch's dispatcher).
-FP32_MISSING = {
+FP32_MORE = {
     "sum_dim": lambda x: torch.sum(x, dim=-1),
     "rms_norm": lambda x: F.rms_norm(x, (16,)),
     "vector_norm": lambda x: torch.linalg.vector_norm(x),
@@ -170,10 +157,10 @@ def _bf16_input() -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "name",
-    list(FP32) + [pytest.param(n, marks=CUDA_FP32_NOT_ON_EMBER) for n in FP32_MISSING],
+    list(FP32) + list(FP32_MORE),
 )
 def test_fp32_op_runs_in_float32(name):
-    fn = FP32[name] if name in FP32 else FP32_MISSING[name]
+    fn = FP32[name] if name in FP32 else FP32_MORE[name]
     x = _bf16_input()
     with torch.autocast(DEVICE, dtype=BF16):
         out = fn(x.to(DEVICE))
@@ -190,12 +177,6 @@ def test_fp32_policy_keeps_an_explicit_dtype():
     _assert_same(torch.sum(x, dtype=torch.float64), total)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="CUDA autocast refuses binary_cross_entropy (unsafe to autocast, use "
-    "binary_cross_entropy_with_logits); ember runs it",
-)
 def test_binary_cross_entropy_is_refused_like_cuda():
     p = torch.rand(8, device=DEVICE)
     with torch.autocast(DEVICE, dtype=BF16):

@@ -32,13 +32,6 @@ def test_demo_main_in_process(capsys):
     assert "ember/CPU" in out and "max_memory_allocated" in out and "fallback_stats" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="`import torch_ember` before `import torch` fails: torch_ember/__init__.py imports "
-    "torch, whose backend autoload loads the entry point torch_ember:_autoload from the "
-    "partially initialised torch_ember (AttributeError -> RuntimeError 'Failed to load the "
-    "backend extension'); `python -m torch_ember.demo` imports the package first",
-)
 def test_python_dash_m_demo():
     result = subprocess.run(
         [sys.executable, "-m", "torch_ember.demo", *TINY],
@@ -51,10 +44,6 @@ def test_python_dash_m_demo():
     assert "generated ids identical: True" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="circular import through the torch.backends entry point (see test_python_dash_m_demo)",
-)
 def test_import_torch_ember_first():
     result = subprocess.run(
         [sys.executable, "-c", "import torch_ember, torch; torch.empty(1, device='ember')"],

@@ -23,14 +23,6 @@ transformers = pytest.importorskip("transformers")
 DEVICE = "ember"
 SEED = 0
 
-SDPA_XFAIL = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="scaled_dot_product_attention on ember takes the math composite "
-    "(_fused_sdp_choice_stub has no PrivateUse1 kernel), CPU takes "
-    "_scaled_dot_product_flash_attention_for_cpu: results differ in the last ulp",
-)
-
 
 # --------------------------------------------------------------------------- models
 
@@ -204,7 +196,7 @@ def test_forward_bitwise_bfloat16_weights(name):
 SDPA_MODELS = ["bert", "gpt2", "llama", "vit"]
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=SDPA_XFAIL) for n in SDPA_MODELS])
+@pytest.mark.parametrize("name", SDPA_MODELS)
 def test_forward_bitwise_sdpa_attention(name):
     """The default attention of transformers (sdpa) must agree bitwise too."""
     _, make_inputs = MODELS[name]
