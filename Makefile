@@ -58,3 +58,23 @@ bench-deps: setup
 bench: bench-deps
 	BENCH_COMMAND="make bench$(if $(filter 1 yes true,$(QUICK)), QUICK=1,)$(if $(BENCH_ARGS), BENCH_ARGS=\"$(BENCH_ARGS)\",)" \
 	  $(PY) benchmarks/run_suite.py $(BENCH_FLAGS)
+
+# --------------------------------------------------------------------------
+# Conformance kit (issue 4): PyTorch's OpInfo and ModuleInfo databases run on
+# ember and on CPU, compared bitwise. Not part of CI: `make test` runs only
+# the fast subset (tests/test_conformance.py).
+#   make conformance        full sweep: forward, backward, modules (~14k tasks,
+#                           ~6-9 min on 2 cores); resumable (results of another
+#                           build or kit version run again), results in
+#                           build/conformance/, report in docs/conformance.md
+#   make conformance CONFORMANCE_ARGS="--fresh"              start over
+#   make conformance CONFORMANCE_ARGS="--rerun failed"       rerun the failures
+#   make conformance CONFORMANCE_ARGS="--kind forward --ops 'linalg.*'"
+# A filtered run writes a report of what it selected. Options:
+# `python -m torch_ember.conformance --help`.
+.PHONY: conformance
+
+CONFORMANCE_ARGS ?=
+
+conformance: setup
+	$(PY) -m torch_ember.conformance --doc docs/conformance.md $(CONFORMANCE_ARGS)

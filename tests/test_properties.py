@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 settings.register_profile(
     "ember",
-    max_examples=40,
+    max_examples=250,
     deadline=None,
     derandomize=bool(os.environ.get("CI")),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -60,17 +60,17 @@ def make_pair(shape, dtype, layout, seed):
         perm = list(range(n))[::-1]
         base = _values(tuple(shape[p] for p in perm), dtype, seed)
         inverse = [perm.index(i) for i in range(n)]
-        view = lambda t: t.permute(inverse)  # noqa: E731
+        view = lambda t: t.permute(inverse)
     elif layout == "stepped" and n >= 1:
         base = _values(tuple(2 * s + 1 for s in shape), dtype, seed)
-        view = lambda t: t[tuple(slice(1, 1 + 2 * s, 2) for s in shape)]  # noqa: E731
+        view = lambda t: t[tuple(slice(1, 1 + 2 * s, 2) for s in shape)]
     elif layout == "expanded" and n >= 1:
         small = tuple(1 if i % 2 == seed % 2 else s for i, s in enumerate(shape))
         base = _values(small, dtype, seed)
-        view = lambda t: t.expand(shape)  # noqa: E731
+        view = lambda t: t.expand(shape)
     else:
         base = _values(shape, dtype, seed)
-        view = lambda t: t  # noqa: E731
+        view = lambda t: t
     cpu, ember = view(base), view(base.to("ember"))
     assert cpu.shape == ember.shape == torch.Size(shape)
     assert cpu.stride() == ember.stride()

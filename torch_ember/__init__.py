@@ -18,9 +18,9 @@ def _autoload() -> None:
     """
 
 
-import torch  # noqa: E402
+import torch
 
-from torch_ember import _C  # noqa: E402
+from torch_ember import _C
 
 _C._initialize()  # raises for an invalid EMBER_DEVICES
 

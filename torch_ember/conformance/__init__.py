@@ -12,7 +12,8 @@ The sweep runs in worker subprocesses (:mod:`.runner`), so a crash or hang
 is recorded as that task's result; results go to ``results.jsonl`` as they
 arrive and a restarted sweep skips what is done. Every task ends with one
 status: ``pass``, ``mismatch``, ``error_ember_only``, ``crash``, ``timeout``
-or ``unsupported_on_cpu`` (excluded from the pass rate). The kit only uses
+or ``unsupported_on_cpu`` (excluded from the pass rate); ``harness_error``
+marks a failure of the kit itself (a sample it could not handle). The kit only uses
 ``torch.device(NAME)`` (``--device NAME``), so it runs against any
 PrivateUse1 backend (``--import MODULE`` loads it in every process).
 

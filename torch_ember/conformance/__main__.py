@@ -7,6 +7,7 @@ import datetime
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 import traceback
@@ -61,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--extra-ops", help="Python file defining a list `op_db` of extra OpInfos")
     parser.add_argument("--list", action="store_true", help="print the selected task keys")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only write the reports from the results already in --out",
+    )
     parser.add_argument("--repro", metavar="KEY", help="run one task in-process, verbosely")
     parser.add_argument("--sample", type=int, help="with --repro: run only this sample, raising")
     return parser
@@ -106,7 +112,9 @@ def _repro(args, registry, device) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
+    args.argv = argv
     import importlib
 
     import torch
@@ -114,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     for module in args.imports:
         importlib.import_module(module)
 
-    from . import report
     from .runner import Runner, load_results
     from .tasks import KINDS, Registry, parse_dtype
 
@@ -155,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         selected = [t for t in tasks if t.key in done] + pending
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     start = time.monotonic()
+    if args.report_only:
+        results = load_results(results_path)
+        previous = _previous_meta(args.out / "conformance.json")
+        return _write_reports(args, selected, results, previous, threads, None)
     runner = Runner(
         selected,
         args.out,
@@ -167,19 +178,52 @@ def main(argv: list[str] | None = None) -> int:
         imports=args.imports,
     )
     results = runner.run()
-    wall = time.monotonic() - start
+    return _write_reports(args, selected, results, {}, threads, time.monotonic() - start)
+
+
+def _previous_meta(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()).get("meta", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _write_reports(args, selected, results, previous: dict, threads, wall) -> int:
+    import torch
+
+    from . import report
+    from .runner import build_fingerprint
+
     records = [results[t.key] for t in selected if t.key in results]
     meta = {
-        "command": "python -m torch_ember.conformance "
-        + " ".join(map(shlex.quote, argv or sys.argv[1:])),
+        "command": "python -m torch_ember.conformance " + " ".join(map(shlex.quote, sys.argv[1:])),
         "device": args.device,
         "torch": torch.__version__,
+        "commit": _git_commit(),
+        "build": build_fingerprint(args.device),
         "date": datetime.date.today().isoformat(),
-        "wall_seconds": round(wall, 1),
+        "wall_seconds": None if wall is None else round(wall, 1),
         "jobs": args.jobs,
         "threads": threads,
         "max_samples": args.max_samples,
     }
+    if wall is None:  # a report of an earlier run: keep what that run recorded
+        meta.update({k: v for k, v in previous.items() if k not in ("build",)})
     report.write_json(args.out / "conformance.json", records, meta)
     report.write_markdown(args.out / "conformance.md", records, meta)
     if args.doc:
@@ -190,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         others = ", ".join(f"{s} {row[s]}" for s in report.STATUSES if s != "pass" and row[s])
         print(f"[conformance] {kind}: {row['pass']}/{row['compared']} pass ({rate}) {others}")
     print(f"[conformance] report: {args.out / 'conformance.md'}")
+    stale = sum(1 for r in records if r.get("build") != meta["build"])
+    if stale:
+        print(f"[conformance] note: {stale} results are from another build or kit version")
     return 0
 
 

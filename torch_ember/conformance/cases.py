@@ -64,6 +64,14 @@ SOMETIMES_RANDOM_OPS = {
     "nn.functional.scaled_dot_product_attention": lambda s: s.kwargs.get("dropout_p", 0.0) > 0,
     "nn.functional.multi_head_attention_forward": lambda s: bool(s.kwargs.get("training")),
 }
+# Samples whose CPU result is not reproducible on CPU itself: compared with
+# assert_close's default tolerances. linalg.lstsq's gelsy driver (CPU's
+# default) gives results that depend on the prior contents of recycled memory
+# (two results for the same input on CPU after different allocations).
+IRREPRODUCIBLE_ON_CPU = {
+    name: lambda s: s.kwargs.get("driver") in (None, "gelsy")
+    for name in ("linalg.lstsq", "linalg.lstsq.grad_oriented")
+}
 # Ops that return uninitialized memory: structure only.
 UNINITIALIZED_OPS = ("empty*", "new_empty*", "resize_", "resize_as_")
 RANDOM_MODULES = ("nn.*Dropout*", "nn.RReLU", "nn.FractionalMaxPool*")
@@ -434,11 +442,15 @@ def _run_samples(result, samples, body, progress):
         result.sample_error = "generating samples failed: " + _error_text(error)
 
 
-def sample_values_compared(op, sample) -> bool:
+def sample_values_compared(op, sample):
+    """True (bitwise), False (structure only) or "close" (with tolerance)."""
     if not values_compared(op):
         return False
     random = SOMETIMES_RANDOM_OPS.get(op.full_name)
-    return not (random and random(sample))
+    if random and random(sample):
+        return False
+    irreproducible = IRREPRODUCIBLE_ON_CPU.get(op.full_name)
+    return "close" if irreproducible and irreproducible(sample) else True
 
 
 def run_forward(op, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
@@ -501,6 +513,7 @@ def _grad_pair(cpu_outputs, dev_outputs, cpu_leaves, dev_leaves):
 
 
 def _backward_sample(op, sample, device):
+    values = sample_values_compared(op, sample)
     cpu_args, dev_args = _copy_sample(sample, device)
     cpu_leaves = [t for t in flat_tensors(cpu_args) if t.requires_grad]
     dev_leaves = [t for t in flat_tensors(dev_args) if t.requires_grad]
@@ -522,7 +535,7 @@ def _backward_sample(op, sample, device):
                 raise Mismatch("gradient presence differs", f"input {index}")
             continue
         try:
-            compare(c, d, device, True, where=f"grad of input {index}")
+            compare(c, d, device, values, where=f"grad of input {index}")
         except Mismatch as error:
             raise Mismatch("gradient " + error.cause, error.detail) from None
     return "pass"

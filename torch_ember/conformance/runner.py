@@ -11,6 +11,7 @@ recorded as ``timeout``. Either way a fresh worker takes over.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import selectors
@@ -24,9 +25,10 @@ from pathlib import Path
 from .tasks import Task
 
 STARTUP_TIMEOUT = 300.0
-# `import torch` first: importing the torch_ember package before torch (as
-# `python -m torch_ember.conformance.worker` would) trips over the circular
-# import through torch's backend autoload.
+# The kit's modules whose code decides a task's result (part of the fingerprint).
+RESULT_SOURCES = ("_db.py", "cases.py", "compare.py", "tasks.py", "transform.py", "worker.py")
+# `import torch` first, so that another PrivateUse1 backend loaded by torch's
+# backend autoload is in place before the kit's own modules import.
 WORKER_BOOTSTRAP = (
     "import sys, torch; from torch_ember.conformance.worker import main; sys.exit(main())"
 )
@@ -51,6 +53,28 @@ def load_results(path: Path) -> dict[str, dict]:
             if "key" in record:
                 results[record["key"]] = record
     return results
+
+
+def build_fingerprint(device: str) -> str:
+    """Identifies torch, the backend's compiled code (its .so files) and this kit's code.
+
+    Results recorded under another fingerprint are stale: a resumed sweep runs
+    those tasks again.
+    """
+    import torch
+
+    parts = [torch.__version__]
+    for name in RESULT_SOURCES:
+        parts.append(hashlib.sha1((Path(__file__).parent / name).read_bytes()).hexdigest())
+    module = getattr(torch, device, None)
+    top = getattr(module, "__name__", "").split(".")[0]
+    package = sys.modules.get(top)
+    if package is not None and getattr(package, "__file__", None):
+        root = Path(package.__file__).parent
+        for so in sorted(root.rglob("*.so")):
+            stat = so.stat()
+            parts.append(f"{so.name}:{stat.st_size}:{int(stat.st_mtime)}")
+    return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
 
 
 def _signal_name(returncode: int) -> str:
@@ -193,7 +217,14 @@ class Runner:
         (self.out_dir / "logs").mkdir(exist_ok=True)
         for old_log in (self.out_dir / "logs").glob("worker-*.log"):
             old_log.unlink()
+        self.build = build_fingerprint(self.device)
         done = load_results(self.results_path)
+        wanted = {t.key for t in self.tasks}
+        stale = [k for k, r in done.items() if k in wanted and r.get("build") != self.build]
+        for key in stale:
+            del done[key]
+        if stale:
+            self.log(f"[conformance] {len(stale)} results are from another build: running again")
         pending = deque(t for t in self.tasks if t.key not in done)
         total, skipped = len(self.tasks), len(self.tasks) - len(pending)
         if skipped:
@@ -218,7 +249,7 @@ class Runner:
 
     def _record(self, worker: _Worker, result: dict, done: dict) -> None:
         task = worker.task
-        record = {**task.to_dict(), **result}
+        record = {**task.to_dict(), **result, "build": self.build}
         done[task.key] = record
         self.results_file.write(json.dumps(record) + "\n")
         self.results_file.flush()
