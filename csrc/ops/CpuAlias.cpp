@@ -45,6 +45,9 @@ void copy_metadata(c10::TensorImpl* to, const at::Tensor& from) {
 
 at::Tensor tensor_over(c10::Storage storage, const at::Tensor& like,
                        c10::DispatchKeySet keys) {
+  // A zero tensor (torch._efficientzerotensor) has no bytes; its ZeroTensor
+  // key is what makes ops treat it as zeros, so it must be set from birth.
+  if (like._is_zerotensor()) keys = keys.add(c10::DispatchKey::ZeroTensor);
   auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), keys,
                                                    like.dtype());
   copy_metadata(impl.get(), like);

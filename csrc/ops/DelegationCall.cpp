@@ -26,6 +26,17 @@ void DelegationCall::note_device(c10::Device device) {
   }
 }
 
+at::Tensor DelegationCall::alias_for(const at::Tensor& tensor) {
+  // One tensor passed twice (x.add_(x), torch.add(x, y, out=x)) must reach
+  // the CPU kernel as one tensor, or its read-write checks cannot see it.
+  for (const Swap& swap : swapped_) {
+    if (swap.original().unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
+      return swap.alias;
+    }
+  }
+  return scope_.alias(tensor);
+}
+
 at::Tensor DelegationCall::swap_in(const at::Tensor& tensor,
                                    const at::Tensor* borrowed,
                                    at::Tensor&& owned, bool written) {
@@ -33,7 +44,7 @@ at::Tensor DelegationCall::swap_in(const at::Tensor& tensor,
   const c10::Device device = tensor.device();
   if (device.type() == c10::DeviceType::PrivateUse1) {
     note_device(device);
-    at::Tensor alias = scope_.alias(tensor);
+    at::Tensor alias = alias_for(tensor);
     swapped_.push_back({alias, borrowed, std::move(owned), written});
     return alias;
   }
@@ -56,7 +67,7 @@ at::Tensor DelegationCall::to_cpu(at::Tensor&& tensor, bool written) {
     at::Tensor owned = std::move(tensor);
     const at::Tensor& ref = owned;
     note_device(ref.device());
-    at::Tensor alias = scope_.alias(ref);
+    at::Tensor alias = alias_for(ref);
     swapped_.push_back({alias, nullptr, std::move(owned), written});
     return alias;
   }
@@ -100,6 +111,12 @@ void DelegationCall::write_back() {
       original->set_storage_keep_dtype(std::move(storage));
     } else if (!ember->is_alias_of(original_tensor.storage())) {
       original->set_storage_keep_dtype(*ember);
+    }
+    if (alias.is_conj() != original_tensor.is_conj()) {
+      original->_set_conj(alias.is_conj());
+    }
+    if (alias.is_neg() != original_tensor.is_neg()) {
+      original->_set_neg(alias.is_neg());
     }
     if (alias.sizes() != original_tensor.sizes() ||
         alias.strides() != original_tensor.strides() ||

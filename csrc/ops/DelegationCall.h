@@ -59,6 +59,7 @@ class DelegationCall final {
     bool written;
     const at::Tensor& original() const { return borrowed ? *borrowed : owned; }
   };
+  at::Tensor alias_for(const at::Tensor& tensor);
   at::Tensor swap_in(const at::Tensor& tensor, const at::Tensor* borrowed,
                      at::Tensor&& owned, bool written);
   [[noreturn]] void throw_device_mismatch(c10::Device a, c10::Device b) const;

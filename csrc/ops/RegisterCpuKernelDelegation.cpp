@@ -32,11 +32,14 @@ bool keep_composite(const std::string& name) {
          name == "copy_" || name == "clone" || name == "lift_fresh";
 }
 
-// Composites that would route a PrivateUse1 tensor to a *_overrideable stub
-// (which only throws); delegating the whole composite runs CPU's path.
+// Composites that cannot run on a PrivateUse1 tensor: they route it to a
+// *_overrideable stub, call a DispatchStub with the tensor's device type,
+// or check the device type outright. Delegating the whole composite runs
+// CPU's path on aliases instead.
 bool composite_calls_overrideable(const std::string& name) {
   return name == "convolution" || name == "convolution_backward" ||
-         name == "_convolution" || name == "_convolution.deprecated";
+         name == "_convolution" || name == "_convolution.deprecated" ||
+         name == "conj_physical_" || name == "mode" || name == "mode.values";
 }
 
 }  // namespace

@@ -41,9 +41,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
       size, self.dtype().itemsize(), self.storage_offset());
   ensure_storage_holds(self, needed, numel_of(size));
   c10::TensorImpl* impl = self.unsafeGetTensorImpl();
-  if (self.sizes() != size || !self.is_contiguous()) {
-    impl->set_sizes_contiguous(size);
-  }
+  // Same sizes: a no-op, strides included (as on CPU).
+  if (self.sizes() != size) impl->set_sizes_contiguous(size);
   if (memory_format.has_value()) {
     TORCH_CHECK(*memory_format != c10::MemoryFormat::Preserve,
                 "Unsupported memory format ", *memory_format);
