@@ -18,11 +18,14 @@ namespace {
 
 bool resolves_to_composite(const c10::OperatorHandle& op) {
   using c10::DispatchKey;
+  // CompositeImplicitAutograd counts too: an op that also has a CPU kernel
+  // gets no decomposition on CPU (nor its autograd), and so none on ember.
   return !op.hasKernelForDispatchKey(DispatchKey::PrivateUse1) &&
          op.hasKernelForDispatchKey(DispatchKey::CPU) &&
          (op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
           op.hasKernelForDispatchKey(
-              DispatchKey::CompositeExplicitAutogradNonFunctional));
+              DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd));
 }
 
 // Ops whose composite must stay: they allocate on the target device or move
