@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--systems", default=None, help=f"comma list of {', '.join(SYSTEMS)}")
     p.add_argument("--rounds", type=int, default=None, help="max timing rounds per workload")
     p.add_argument("--budget", type=float, default=None, help="timing seconds per workload")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="before timing a workload, wait up to S s for other processes to stop using CPU",
+    )
     p.add_argument("--tiny", action="store_true", help="toy-size workloads (smoke test)")
     p.add_argument("--no-peak", action="store_true", help="skip the physical-limit measurement")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -58,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def settings(args: argparse.Namespace) -> harness.Settings:
     threads = args.threads or peak.physical_cores()
     if args.quick:
-        s = harness.Settings(threads, rounds=10, min_rounds=3, budget_s=8.0, warmup=1)
+        s = harness.Settings(threads, rounds=10, min_rounds=5, budget_s=10.0, warmup=1)
     else:
         s = harness.Settings(threads, rounds=20, min_rounds=5, budget_s=30.0, warmup=2)
     if args.tiny:
@@ -68,6 +75,7 @@ def settings(args: argparse.Namespace) -> harness.Settings:
         s.min_rounds = min(s.min_rounds, s.rounds)
     if args.budget is not None:
         s.budget_s = args.budget
+    s.wait_idle_s = args.wait_idle
     return s
 
 

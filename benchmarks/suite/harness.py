@@ -47,6 +47,7 @@ class Settings:
     warmup: int = 2  # runs after the first one, before timing
     sample_s: float = 0.02  # a sample lasts at least this long (number >= 1)
     pause_s: float = 0.005  # idle between samples (lets spinning worker threads sleep)
+    wait_idle_s: float = 0.0  # before timing, wait up to this long for other load < 0.15 cores
     tiny: bool = False
 
 
@@ -65,6 +66,7 @@ class SystemResult:
     number: int = 0
     samples_s: list[float] = field(default_factory=list)  # per run
     median_s: float | None = None  # per unit (run / per_run)
+    min_s: float | None = None
     p10_s: float | None = None
     p90_s: float | None = None
     iqr_s: float | None = None
@@ -89,6 +91,7 @@ class WorkloadResult:
     rounds: int = 0
     timing_s: float = 0.0
     other_load: float | None = None  # CPU cores busy with other processes while timing
+    waited_s: float = 0.0  # waited for the machine to go idle before timing
 
     def get(self, system: str) -> SystemResult | None:
         return next((s for s in self.systems if s.system == system), None)
@@ -142,6 +145,21 @@ def _cpu_jiffies() -> tuple[int, int] | None:
         return sum(vals) - vals[3] - vals[4], int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def wait_idle(max_s: float, threshold: float = 0.15, window_s: float = 1.0) -> float:
+    """Waits (up to ``max_s``) until other processes use < ``threshold`` cores; returns the wait."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_s:
+        a = _cpu_jiffies()
+        time.sleep(window_s)
+        b = _cpu_jiffies()
+        if a is None or b is None:
+            break
+        other = ((b[0] - a[0]) - (b[1] - a[1])) / os.sysconf("SC_CLK_TCK") / window_s
+        if other < threshold:
+            break
+    return time.perf_counter() - t0
 
 
 def _trim() -> None:
@@ -299,6 +317,9 @@ def run_workload(
         result.systems.append(res)
         if prep is not None:
             prepared[sys_.name] = prep
+    if s.wait_idle_s > 0:
+        progress(f"{name}: waiting for other load to stop")
+        result.waited_s = wait_idle(s.wait_idle_s)
     progress(f"{name}: timing")
     _time(prepared, result, s, progress)
     progress(f"{name}: done", 1)
@@ -356,7 +377,7 @@ def _summarize(result: WorkloadResult, prepared: dict[str, Prepared]) -> None:
     for res in result.systems:
         if res.samples_s and res.status in ("ok", "WRONG"):
             xs = [x / per for x in res.samples_s]
-            res.median_s = statistics.median(xs)
+            res.median_s, res.min_s = statistics.median(xs), min(xs)
             res.p10_s, res.p90_s = _quantile(xs, 0.1), _quantile(xs, 0.9)
             res.iqr_s = _quantile(xs, 0.75) - _quantile(xs, 0.25)
             if result.flops:

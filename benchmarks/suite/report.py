@@ -182,7 +182,8 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
         f"{r.params / 1e6:.1f} M parameters; dtype {r.dtype}; tolerance max|diff|/max|ref| "
         f"<= {r.rtol:g}; {r.rounds} rounds in {r.timing_s:.1f} s; times are per {unit}"
         + (f" ({r.per_run} {unit}s per run)" if r.per_run > 1 else "")
-        + (f"; other processes used {r.other_load:.2f} cores meanwhile" if r.other_load else ""),
+        + (f"; other processes used {r.other_load:.2f} cores meanwhile" if r.other_load else "")
+        + (f"; waited {r.waited_s:.0f} s for an idle machine first" if r.waited_s >= 1 else ""),
         "",
     ]
     rows = []
@@ -193,6 +194,7 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
                 str(s.rank) if s.rank else "-",
                 fmt_time(s.median_s),
                 f"{fmt_time(s.p10_s)} - {fmt_time(s.p90_s)}" if s.p10_s is not None else "-",
+                fmt_time(s.min_s),
                 fmt_ratio(s.ratio),
                 "-" if s.gflops is None else f"{s.gflops:.1f}",
                 "-" if s.frac_peak is None else f"{100 * s.frac_peak:.1f}%",
@@ -210,6 +212,7 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
             "rank",
             f"median /{unit}",
             "p10 - p90",
+            "min",
             "vs CPU eager",
             "GFLOP/s",
             "of peak",
@@ -238,7 +241,8 @@ METHOD = """\
   enough back-to-back runs to last >= {sample_ms:g} ms (garbage collector off)
   and gives the mean time of one run. Rounds stop after {rounds}, or once
   {budget:g} s are spent and at least {min_rounds} are done.
-- **Reported:** median of the samples, p10 - p90 as the spread; "vs CPU eager"
+- **Reported:** median of the samples, p10 - p90 as the spread, and the
+  fastest sample (min: the least disturbed by other load); "vs CPU eager"
   is median / median of PyTorch CPU eager from the same rounds (lower is
   faster). Decode is reported per token (a run is all decode steps).
 - **Correctness:** the first output of every system is compared with CPU
@@ -264,7 +268,8 @@ METHOD = """\
   for the workload's dtype.
 - **Other load:** CPU time used by other processes while timing (from
   /proc/stat), in cores; with 2 cores, anything above ~0.1 makes the numbers
-  noisy.
+  noisy. `--wait-idle S` waits up to S seconds before each workload's timing
+  for that load to drop.
 - Workloads are built from transformers configs with random weights and fixed
   seeds (`HF_HUB_OFFLINE=1`, nothing downloaded)."""
 
