@@ -216,6 +216,27 @@ def _measure(case: Case, number: int, samples: int, warmup: int) -> Result:
     )
 
 
+def _idle_fraction(seconds: float = 1.0) -> float | None:
+    """Share of all CPUs' time spent idle over the next ``seconds`` (Linux /proc/stat).
+
+    The load average lags by a minute; this says whether other processes compete
+    for the cores right now. None where /proc/stat is unavailable.
+    """
+
+    def snapshot() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields[:8])  # idle + iowait, total
+
+    try:
+        idle0, total0 = snapshot()
+        time.sleep(seconds)
+        idle1, total1 = snapshot()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
 def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
@@ -290,18 +311,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     load_before = os.getloadavg()
+    idle = _idle_fraction()
     print(
         f"ember op overhead: torch {torch.__version__}, torch_ember {torch_ember.__version__}, "
         f"{torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"load average {load_before[0]:.2f}"
+        + (f", CPUs {idle:.0%} idle before start" if idle is not None else "")
     )
     print(
         f"small: {args.small_samples} samples x {args.small_number} calls; "
         f"large: {args.large_samples} samples x {args.large_number} calls; "
         "CPU and ember interleaved; times are medians per call"
     )
-    if load_before[0] > max(1.0, os.cpu_count() - args.threads + 0.5):
-        print("warning: the machine is busy; timings (the large ops above all) are noisy")
+    if idle is not None and idle < 0.8:
+        print(
+            "warning: other processes are using the CPUs; timings are noisy (multi-threaded "
+            "kernels the most: a worker thread waiting for a core costs a scheduler tick)"
+        )
 
     started = time.perf_counter()
     torch_ember.reset_fallback_stats()
@@ -373,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
             "threads": torch.get_num_threads(),
+            "idle_before": idle,
             "loadavg_before": load_before,
             "loadavg_after": load_after,
             "config": {

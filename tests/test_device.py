@@ -488,3 +488,19 @@ def test_non_blocking_copy():
     back = on_ember.to("cpu", non_blocking=True)
     torch.ember.synchronize()
     assert torch.equal(back, cpu)
+
+
+def test_module_to_ember_keeps_parameter_identity_like_cuda():
+    """`param.data` is swapped in place (as for CUDA), so an optimizer built before
+    the move still updates the module's parameters, and lazy modules work."""
+    model = torch.nn.Linear(3, 4)
+    weight = model.weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("ember")
+    assert model.weight is weight and weight.device.type == "ember"
+    before = weight.detach().cpu().clone()
+    model(torch.randn(2, 3, device="ember")).sum().backward()
+    optimizer.step()
+    assert not torch.equal(weight.detach().cpu(), before)
+    lazy = torch.nn.LazyConv1d(5, 3).to("ember")
+    assert lazy(torch.randn(2, 4, 3, device="ember")).shape == (2, 5, 1)

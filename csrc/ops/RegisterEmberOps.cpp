@@ -26,6 +26,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(kernels::copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(kernels::local_scalar_dense));
   m.impl("native_dropout", TORCH_FN(kernels::native_dropout));
+  m.impl("_has_compatible_shallow_copy_type",
+         TORCH_FN(kernels::has_compatible_shallow_copy_type));
 }
 
 // Copies resolve conjugate/negative views themselves (the aliases carry the

@@ -63,4 +63,8 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa);
 
+// ShallowCopy.cpp
+bool has_compatible_shallow_copy_type(const at::Tensor& self,
+                                      const at::Tensor& from);
+
 }  // namespace ember::kernels
