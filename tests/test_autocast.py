@@ -16,6 +16,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import gpt2_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs
 
@@ -249,16 +250,7 @@ def test_mlp_forward_backward_equals_cpu_autocast():
 
 def test_transformer_under_autocast_is_close_to_float32():
     transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(
-        vocab_size=1000,
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=1,
-        eos_token_id=2,
-        attn_implementation="eager",
-    )
+    config = gpt2_config(transformers, attn_implementation="eager")
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(config).eval().to(DEVICE)
     ids = torch.randint(3, 1000, (2, 16), generator=torch.Generator().manual_seed(1))

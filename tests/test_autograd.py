@@ -10,6 +10,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import bert_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are built from configs
 
@@ -195,17 +196,11 @@ def _mlp() -> torch.nn.Module:
 
 def _bert() -> torch.nn.Module:
     transformers = pytest.importorskip("transformers")
-    config = transformers.BertConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
+    config = bert_config(
+        transformers,
         num_labels=3,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-        # sdpa is not bitwise on ember yet (see test_models.py); eager attention is.
         attn_implementation="eager",
     )
     torch.manual_seed(0)

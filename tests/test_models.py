@@ -13,6 +13,7 @@ import os
 
 import pytest
 import torch
+from tiny_models import bert_config, gpt2_config
 
 import torch_ember
 
@@ -28,30 +29,11 @@ SEED = 0
 
 
 def _bert(attn: str):
-    config = transformers.BertConfig(
-        vocab_size=1000,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        attn_implementation=attn,
-    )
-    return transformers.BertModel(config)
+    return transformers.BertModel(bert_config(transformers, attn_implementation=attn))
 
 
 def _gpt2(attn: str):
-    config = transformers.GPT2Config(
-        vocab_size=1000,
-        n_positions=64,
-        n_embd=64,
-        n_layer=2,
-        n_head=4,
-        bos_token_id=1,
-        eos_token_id=2,
-        attn_implementation=attn,
-    )
-    return transformers.GPT2LMHeadModel(config)
+    return transformers.GPT2LMHeadModel(gpt2_config(transformers, attn_implementation=attn))
 
 
 def _vit(attn: str):
