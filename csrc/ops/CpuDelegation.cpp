@@ -136,8 +136,8 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
     // Only the generator is ember (e.g. torch.randn(3, generator=ember_gen)):
     // report it the way CUDA does.
     TORCH_CHECK(false, "Expected a '", delegation.foreign_device()->type(),
-                "' device type for generator but found 'ember' (in ",
-                plan.name, ")");
+                "' device type for generator but found 'ember' (in ", plan.name,
+                ")");
   }
   delegation.settle();
   const c10::DeviceIndex device = delegation.device();

@@ -15,9 +15,8 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          std::optional<double> scale, bool enable_gqa) {
   // CPU's selection reads only metadata (shapes, strides, dtypes) and the
   // global sdp flags, so it applies to ember tensors as they are.
-  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask,
-                                           dropout_p, is_causal, scale,
-                                           enable_gqa);
+  return at::native::_fused_sdp_choice_cpp(
+      query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
 }  // namespace ember::kernels
