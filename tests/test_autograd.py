@@ -283,3 +283,22 @@ def test_torch_manual_seed_makes_ember_dropout_reproducible():
         return F.dropout(torch.ones(64, device=DEVICE), p=0.5, training=True).cpu()
 
     assert torch.equal(masks(), masks())
+
+
+def test_script_ending_right_after_an_ember_backward_exits_cleanly():
+    """The autograd device thread must not be left releasing Python-owned tensors
+    while the interpreter finalizes (it used to abort: 'terminate called without an
+    active exception', exit 134, most runs on an idle machine)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "x = torch.randn(3, 4, device='ember', requires_grad=True)\n"
+        "torch.tanh(x).sum().backward()\n"
+    )
+    for _ in range(5):
+        result = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=False
+        )
+        assert result.returncode == 0, result.stderr[-1000:]

@@ -18,11 +18,16 @@ def _autoload() -> None:
     """
 
 
+import atexit
+
 import torch
 
 from torch_ember import _C
 
 _C._initialize()  # raises for an invalid EMBER_DEVICES
+# Lets autograd's ember device threads finish releasing a last backward
+# before the interpreter finalizes (see csrc/python/Module.cpp).
+atexit.register(_C._drain_autograd_device_threads)
 
 if torch._C._get_privateuse1_backend_name() != "ember":
     torch.utils.rename_privateuse1_backend("ember")

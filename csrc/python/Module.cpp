@@ -3,7 +3,9 @@
 #include <ATen/autocast_mode.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <ATen/ops/ones.h>
 #include <torch/csrc/Event.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -108,6 +110,26 @@ py::dict fallback_stats_dict() {
   return d;
 }
 
+// The autograd engine runs ember backward nodes on its device threads. A
+// device thread releases the last references of a finished backward a
+// moment after the caller resumes; if the interpreter is finalizing by then
+// and those references own Python objects, the thread is killed while
+// taking the GIL and the process aborts. Run at exit (interpreter still
+// alive, GIL released): one tiny backward per device, on tensors Python
+// never saw, queues behind whatever the thread still holds.
+void drain_autograd_device_threads() {
+  py::gil_scoped_release no_gil;
+  at::AutoGradMode grad_mode(true);
+  for (int device = 0; device < rt::device_count(); ++device) {
+    at::Tensor x =
+        at::ones({1}, at::TensorOptions().device(c10::Device(
+                          c10::DeviceType::PrivateUse1,
+                          static_cast<c10::DeviceIndex>(device))))
+            .requires_grad_(true);
+    torch::autograd::grad({x.sum()}, {x});
+  }
+}
+
 // Raises at import for a bad EMBER_DEVICES, then wires the device into ATen.
 void initialize() {
   translate_runtime_errors([] { return rt::device_count(); });
@@ -124,6 +146,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace ember;
   m.doc() = "ember device backend (C++ core)";
   m.def("_initialize", &initialize);
+  m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
   m.def("device_count", [] {
     return translate_runtime_errors([] { return rt::device_count(); });
   });
