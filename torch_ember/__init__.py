@@ -9,7 +9,6 @@ PrivateUse1 backend to ``ember`` and registers ``torch.ember``::
 """
 
 
-
 def _autoload() -> None:
     """Entry point of the ``torch.backends`` group; importing did the work.
 
@@ -25,9 +24,18 @@ import torch
 from torch_ember import _C
 
 _C._initialize()  # raises for an invalid EMBER_DEVICES
-# Lets autograd's ember device threads finish releasing a last backward
-# before the interpreter finalizes (see csrc/python/Module.cpp).
-atexit.register(_C._drain_autograd_device_threads)
+
+
+def _drain_autograd_at_exit() -> None:
+    """Lets autograd's ember device threads finish releasing a last backward
+    before the interpreter finalizes (see csrc/python/Module.cpp)."""
+    try:
+        _C._drain_autograd_device_threads()
+    except RuntimeError:
+        pass  # e.g. a forked child, where autograd refuses to start threads
+
+
+atexit.register(_drain_autograd_at_exit)
 
 if torch._C._get_privateuse1_backend_name() != "ember":
     torch.utils.rename_privateuse1_backend("ember")
@@ -63,7 +71,6 @@ def set_strict(strict: bool) -> None:
 
 def is_strict() -> bool:
     return _C.strict_mode()
-
 
 
 __all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]
