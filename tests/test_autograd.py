@@ -302,3 +302,26 @@ def test_script_ending_right_after_an_ember_backward_exits_cleanly():
             [sys.executable, "-c", code], capture_output=True, text=True, check=False
         )
         assert result.returncode == 0, result.stderr[-1000:]
+
+
+@pytest.mark.parametrize("name", ["LSTM", "GRU", "LSTMCell", "GRUCell"])
+def test_recurrent_modules_match_cpu_to_rounding(name):
+    """ATen sends PrivateUse1 to the fused-cell kernels (CUDA-only in ATen); ember's
+    own fused cells add the biases separately, so equality is to rounding."""
+    import copy
+
+    torch.manual_seed(0)
+    cell = name.endswith("Cell")
+    module = getattr(torch.nn, name)(5, 7) if cell else getattr(torch.nn, name)(5, 7, 2)
+    x = torch.randn((3, 5) if cell else (4, 3, 5))
+    on_ember = copy.deepcopy(module).to(DEVICE)
+    x_cpu, x_ember = x.clone().requires_grad_(), x.to(DEVICE).requires_grad_()
+    out_cpu, out_ember = module(x_cpu), on_ember(x_ember)
+    out_cpu = out_cpu[0] if isinstance(out_cpu, tuple) else out_cpu
+    out_ember = out_ember[0] if isinstance(out_ember, tuple) else out_ember
+    torch.testing.assert_close(out_ember.cpu(), out_cpu, rtol=1e-5, atol=1e-6)
+    out_cpu.pow(2).sum().backward()
+    out_ember.pow(2).sum().backward()
+    torch.testing.assert_close(x_ember.grad.cpu(), x_cpu.grad, rtol=1e-5, atol=1e-6)
+    for p_cpu, p_ember in zip(module.parameters(), on_ember.parameters(), strict=True):
+        torch.testing.assert_close(p_ember.grad.cpu(), p_cpu.grad, rtol=1e-5, atol=1e-6)

@@ -26,6 +26,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(kernels::copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(kernels::local_scalar_dense));
   m.impl("native_dropout", TORCH_FN(kernels::native_dropout));
+  m.impl("_thnn_fused_lstm_cell", TORCH_FN(kernels::fused_lstm_cell));
+  m.impl("_thnn_fused_lstm_cell_backward_impl",
+         TORCH_FN(kernels::fused_lstm_cell_backward));
+  m.impl("_thnn_fused_gru_cell", TORCH_FN(kernels::fused_gru_cell));
+  m.impl("_thnn_fused_gru_cell_backward",
+         TORCH_FN(kernels::fused_gru_cell_backward));
   m.impl("_has_compatible_shallow_copy_type",
          TORCH_FN(kernels::has_compatible_shallow_copy_type));
 }

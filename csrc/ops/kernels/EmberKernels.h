@@ -67,4 +67,21 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
 bool has_compatible_shallow_copy_type(const at::Tensor& self,
                                       const at::Tensor& from);
 
+// RecurrentCells.cpp
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+    const at::Tensor& cx, const std::optional<at::Tensor>& input_bias,
+    const std::optional<at::Tensor>& hidden_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_lstm_cell_backward(
+    const std::optional<at::Tensor>& grad_hy,
+    const std::optional<at::Tensor>& grad_cy, const at::Tensor& cx,
+    const at::Tensor& cy, const at::Tensor& workspace, bool has_bias);
+std::tuple<at::Tensor, at::Tensor> fused_gru_cell(
+    const at::Tensor& input_gates, const at::Tensor& hidden_gates,
+    const at::Tensor& hx, const std::optional<at::Tensor>& input_bias,
+    const std::optional<at::Tensor>& hidden_bias);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+fused_gru_cell_backward(const at::Tensor& grad_hy, const at::Tensor& workspace,
+                        bool has_bias);
+
 }  // namespace ember::kernels
