@@ -81,7 +81,7 @@ def _split(values) -> list[str]:
 
 
 def _repro(args, registry, device) -> int:
-    from . import cases
+    from . import cases, modules, repro
     from .tasks import Task, parse_dtype
 
     task = Task.from_key(args.repro)
@@ -93,15 +93,15 @@ def _repro(args, registry, device) -> int:
             result = cases.run_backward(registry.ops[task.name], dtype, device)
         else:
             info = registry.modules[task.name]
-            result = cases.run_module(info, dtype, task.variant, device)
+            result = modules.run_module(info, dtype, task.variant, device)
         print(json.dumps(result, indent=1))
         return 0 if result["status"] in ("pass", "unsupported_on_cpu") else 1
     cases.DEBUG = True
-    sample = cases.pick_sample(task, registry, dtype, args.sample, device)
+    sample = repro.pick_sample(task, registry, dtype, args.sample, device)
     print("sample:", sample.summary())
     try:
-        outcome = cases.run_sample(task, registry, dtype, device, sample)
-    except cases.Outcome as outcome_error:
+        outcome = repro.run_sample(task, registry, dtype, device, sample)
+    except repro.Outcome as outcome_error:
         print(f"{outcome_error.outcome}: {outcome_error.cause}: {outcome_error.detail}")
         return 1
     except Exception:  # noqa: BLE001 - shown with its traceback

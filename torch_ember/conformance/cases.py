@@ -19,7 +19,6 @@ on CPU. Crashes and timeouts are decided by the runner, outside the process.
 
 from __future__ import annotations
 
-import copy
 import fnmatch
 import time
 import traceback
@@ -233,13 +232,15 @@ def _compare_inputs(cpu_inputs, dev_inputs, device, values):
             raise Mismatch("input after the call differs: " + error.cause, error.detail) from None
 
 
-def _run_pair(fn, cpu_args, dev_args):
-    """Runs fn on the CPU and the device copies; returns (cpu_out, dev_out)."""
+def _run_pair(cpu_fn, cpu_args, dev_args, dev_fn=None):
+    """Runs cpu_fn on the CPU copies and dev_fn (default: the same function) on
+    the device copies; returns (cpu_out, dev_out)."""
+    dev_fn = cpu_fn if dev_fn is None else dev_fn
     try:
-        cpu_out = _call(fn, *cpu_args)
+        cpu_out = _call(cpu_fn, *cpu_args)
     except Exception as cpu_error:  # noqa: BLE001 - any CPU failure excludes the sample
         try:
-            _call(fn, *dev_args)
+            _call(dev_fn, *dev_args)
         except Exception:  # noqa: BLE001
             raise _Outcome("cpu_error", "", _error_text(cpu_error)) from None
         raise _Outcome(
@@ -248,7 +249,7 @@ def _run_pair(fn, cpu_args, dev_args):
             "CPU raised " + _error_text(cpu_error),
         ) from None
     try:
-        dev_out = _call(fn, *dev_args)
+        dev_out = _call(dev_fn, *dev_args)
     except Exception as error:  # noqa: BLE001
         raise _device_error(error) from None
     return cpu_out, dev_out
@@ -362,7 +363,9 @@ def _out_sample(op, sample, device, values):
             return fn
 
         try:
-            cpu_res, dev_res = _run_pair_out(with_out, cpu_out_arg, dev_out_arg, cpu_args, dev_args)
+            cpu_res, dev_res = _run_pair(
+                with_out(cpu_out_arg), cpu_args, dev_args, with_out(dev_out_arg)
+            )
         except _Outcome as outcome:
             if outcome.outcome == "cpu_error":
                 continue
@@ -384,26 +387,6 @@ def _out_sample(op, sample, device, values):
     if not ran:
         raise _Outcome("cpu_error", "", "out= raised on CPU")
     return "pass"
-
-
-def _run_pair_out(with_out, cpu_out_arg, dev_out_arg, cpu_args, dev_args):
-    try:
-        cpu_res = _call(with_out(cpu_out_arg), *cpu_args)
-    except Exception as cpu_error:  # noqa: BLE001
-        try:
-            _call(with_out(dev_out_arg), *dev_args)
-        except Exception:  # noqa: BLE001
-            raise _Outcome("cpu_error", "", _error_text(cpu_error)) from None
-        raise _Outcome(
-            "mismatch",
-            "device returned a result where CPU raised",
-            "CPU raised " + _error_text(cpu_error),
-        ) from None
-    try:
-        dev_res = _call(with_out(dev_out_arg), *dev_args)
-    except Exception as error:  # noqa: BLE001
-        raise _device_error(error) from None
-    return cpu_res, dev_res
 
 
 def forward_variants(op) -> list[str]:
@@ -548,162 +531,8 @@ def run_backward(op, dtype, device, max_samples=None, progress=lambda i, s: None
     return result.to_dict()
 
 
-# ---------------------------------------------------------------- modules
-
-
-def module_values_compared(info) -> bool:
-    return not _matches(info.name, RANDOM_MODULES)
-
-
-def _module_sample(info, module_input, dtype, training, device, values):
-    ctor, fwd = module_input.constructor_input, module_input.forward_input
-    torch.manual_seed(SEED)
-    try:
-        cpu_module = info.module_cls(*ctor.args, **ctor.kwargs)
-        cpu_module.to(dtype)
-        cpu_module.train(training)
-    except Exception as error:  # noqa: BLE001
-        raise _Outcome("cpu_error", "", "constructing: " + _error_text(error)) from None
-    try:
-        dev_module = copy.deepcopy(cpu_module).to(device)
-    except Exception as error:  # noqa: BLE001
-        raise _device_error(error, "module.to(device): ") from None
-    cpu_args = (
-        to_device(fwd.args, torch.device("cpu")),
-        to_device(fwd.kwargs, torch.device("cpu")),
-    )
-    try:
-        dev_args = (to_device(fwd.args, device), to_device(fwd.kwargs, device))
-    except Exception as error:  # noqa: BLE001
-        raise _device_error(error, "copying the input to the device: ") from None
-
-    def call(module):
-        def fn(args, kwargs):
-            return module(*args, **kwargs)
-
-        return fn
-
-    try:
-        cpu_out = _call(call(cpu_module), cpu_args[0], (cpu_args[1],), {})
-    except Exception as error:  # noqa: BLE001
-        raise _Outcome("cpu_error", "", "forward: " + _error_text(error)) from None
-    try:
-        dev_out = _call(call(dev_module), dev_args[0], (dev_args[1],), {})
-    except Exception as error:  # noqa: BLE001
-        raise _device_error(error, "forward: ") from None
-    try:
-        compare(cpu_out, dev_out, device, values)
-    except Mismatch as error:
-        raise Mismatch("forward: " + error.cause, error.detail) from None
-    # Backward: inputs that require grad and all parameters.
-    cpu_params = [p for p in cpu_module.parameters() if p.requires_grad]
-    dev_params = [p for p in dev_module.parameters() if p.requires_grad]
-    names = [n for n, p in cpu_module.named_parameters() if p.requires_grad]
-    cpu_inputs = [t for t in flat_tensors(cpu_args) if t.requires_grad]
-    dev_inputs = [t for t in flat_tensors(dev_args) if t.requires_grad]
-    if not (cpu_params or cpu_inputs):
-        return "pass"
-    try:
-        cpu_grads, dev_grads = _grad_pair(
-            cpu_out, dev_out, cpu_inputs + cpu_params, dev_inputs + dev_params
-        )
-    except _Outcome as outcome:
-        if outcome.outcome == "skipped":
-            return "pass"  # forward compared; nothing to differentiate
-        raise
-    labels = [f"input {i}" for i in range(len(cpu_inputs))] + [f"parameter {n}" for n in names]
-    for label, c, d in zip(labels, cpu_grads, dev_grads, strict=True):
-        if (c is None) != (d is None):
-            raise Mismatch("backward: gradient presence differs", label)
-        if c is None:
-            continue
-        try:
-            compare(c, d, device, values, where=f"grad of {label}")
-        except Mismatch as error:
-            raise Mismatch("backward: gradient " + error.cause, error.detail) from None
-    return "pass"
-
-
-class _ModuleSample:
-    """Adapts a ModuleInput to the ``summary()`` used in failure records."""
-
-    def __init__(self, module_input):
-        self.module_input = module_input
-
-    def summary(self):
-        fwd = self.module_input.forward_input
-        desc = self.module_input.desc or ""
-        ctor = self.module_input.constructor_input
-        shapes = [tuple(t.shape) for t in flat_tensors((fwd.args, fwd.kwargs))]
-        return f"desc={desc!r} ctor_args={ctor.args!r} ctor_kwargs={ctor.kwargs!r} inputs={shapes}"
-
-
-def run_module(info, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
-    result = CaseResult()
-    training = variant == "train"
-    values = module_values_compared(info)
-    if not values:
-        result.notes["values_compared"] = False
-    torch.manual_seed(SEED)
-    try:
-        inputs = info.module_inputs_func(
-            info, device="cpu", dtype=dtype, requires_grad=True, training=training
-        )
-        inputs = [m for m in inputs if m.forward_input is not None]
-    except Exception as error:  # noqa: BLE001
-        result.sample_error = "generating module inputs failed: " + _error_text(error)
-        return result.to_dict()
-    if max_samples is not None:
-        inputs = inputs[:max_samples]
-    samples = ((i, _ModuleSample(m)) for i, m in enumerate(inputs))
-    _run_samples(
-        result,
-        samples,
-        lambda s: _module_sample(info, s.module_input, dtype, training, device, values),
-        progress,
-    )
-    return result.to_dict()
-
-
 def timed(fn, *args, **kwargs) -> dict:
     start = time.perf_counter()
     out = fn(*args, **kwargs)
     out["seconds"] = round(time.perf_counter() - start, 3)
     return out
-
-
-# ---------------------------------------------------------------- repro
-
-Outcome = _Outcome
-
-
-def pick_sample(task, registry, dtype, index, device=None):
-    """Sample ``index`` of a task, generated exactly as the sweep generates it."""
-    if task.kind == "modules":
-        info = registry.modules[task.name]
-        torch.manual_seed(SEED)
-        inputs = info.module_inputs_func(
-            info, device="cpu", dtype=dtype, requires_grad=True, training=task.variant == "train"
-        )
-        inputs = [m for m in inputs if m.forward_input is not None]
-        return _ModuleSample(inputs[index])
-    op = registry.ops[task.name]
-    for i, sample in _iterate_samples(op, dtype, task.kind == "backward", None, device):
-        if i == index:
-            return sample
-    raise IndexError(f"{task.key} has no sample {index}")
-
-
-def run_sample(task, registry, dtype, device, sample) -> str:
-    """Runs one sample of a task; failures raise (Mismatch, Outcome or the device's error)."""
-    if task.kind == "forward":
-        op = registry.ops[task.name]
-        values = sample_values_compared(op, sample)
-        return _forward_sample(op, task.variant, sample, device, values)
-    if task.kind == "backward":
-        return _backward_sample(registry.ops[task.name], sample, device)
-    info = registry.modules[task.name]
-    training = task.variant == "train"
-    return _module_sample(
-        info, sample.module_input, dtype, training, device, module_values_compared(info)
-    )

@@ -26,7 +26,15 @@ from .tasks import Task
 
 STARTUP_TIMEOUT = 300.0
 # The kit's modules whose code decides a task's result (part of the fingerprint).
-RESULT_SOURCES = ("_db.py", "cases.py", "compare.py", "tasks.py", "transform.py", "worker.py")
+RESULT_SOURCES = (
+    "_db.py",
+    "cases.py",
+    "compare.py",
+    "modules.py",
+    "tasks.py",
+    "transform.py",
+    "worker.py",
+)
 # `import torch` first, so that another PrivateUse1 backend loaded by torch's
 # backend autoload is in place before the kit's own modules import.
 WORKER_BOOTSTRAP = (

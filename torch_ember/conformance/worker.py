@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     device = torch.device(args.device)
 
-    from . import cases
+    from . import cases, modules
     from .tasks import Registry, Task, parse_dtype
 
     registry = Registry(args.extra_ops)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 info = registry.modules[task.name]
                 result = cases.timed(
-                    cases.run_module, info, dtype, task.variant, device, max_samples, progress
+                    modules.run_module, info, dtype, task.variant, device, max_samples, progress
                 )
         except Exception as error:  # noqa: BLE001 - reported as the task's result
             result = {

@@ -1,0 +1,143 @@
+"""Running one module-dtype-mode of ``module_db`` on the device and on CPU:
+forward outputs, then gradients of inputs and parameters, compared as in
+:mod:`.cases`."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .cases import (
+    RANDOM_MODULES,
+    SEED,
+    CaseResult,
+    _call,
+    _device_error,
+    _error_text,
+    _grad_pair,
+    _matches,
+    _Outcome,
+    _run_samples,
+)
+from .compare import Mismatch, compare
+from .transform import flat_tensors, to_device
+
+
+def module_inputs(info, dtype, training):
+    """The module's samples, generated (seeded) exactly as the sweep does."""
+    torch.manual_seed(SEED)
+    inputs = info.module_inputs_func(
+        info, device="cpu", dtype=dtype, requires_grad=True, training=training
+    )
+    return [m for m in inputs if m.forward_input is not None]
+
+
+def module_values_compared(info) -> bool:
+    return not _matches(info.name, RANDOM_MODULES)
+
+
+def _module_sample(info, module_input, dtype, training, device, values):
+    ctor, fwd = module_input.constructor_input, module_input.forward_input
+    torch.manual_seed(SEED)
+    try:
+        cpu_module = info.module_cls(*ctor.args, **ctor.kwargs)
+        cpu_module.to(dtype)
+        cpu_module.train(training)
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", "constructing: " + _error_text(error)) from None
+    try:
+        dev_module = copy.deepcopy(cpu_module).to(device)
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "module.to(device): ") from None
+    cpu_args = (
+        to_device(fwd.args, torch.device("cpu")),
+        to_device(fwd.kwargs, torch.device("cpu")),
+    )
+    try:
+        dev_args = (to_device(fwd.args, device), to_device(fwd.kwargs, device))
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "copying the input to the device: ") from None
+
+    def call(module):
+        def fn(args, kwargs):
+            return module(*args, **kwargs)
+
+        return fn
+
+    try:
+        cpu_out = _call(call(cpu_module), cpu_args[0], (cpu_args[1],), {})
+    except Exception as error:  # noqa: BLE001
+        raise _Outcome("cpu_error", "", "forward: " + _error_text(error)) from None
+    try:
+        dev_out = _call(call(dev_module), dev_args[0], (dev_args[1],), {})
+    except Exception as error:  # noqa: BLE001
+        raise _device_error(error, "forward: ") from None
+    try:
+        compare(cpu_out, dev_out, device, values)
+    except Mismatch as error:
+        raise Mismatch("forward: " + error.cause, error.detail) from None
+    # Backward: inputs that require grad and all parameters.
+    cpu_params = [p for p in cpu_module.parameters() if p.requires_grad]
+    dev_params = [p for p in dev_module.parameters() if p.requires_grad]
+    names = [n for n, p in cpu_module.named_parameters() if p.requires_grad]
+    cpu_inputs = [t for t in flat_tensors(cpu_args) if t.requires_grad]
+    dev_inputs = [t for t in flat_tensors(dev_args) if t.requires_grad]
+    if not (cpu_params or cpu_inputs):
+        return "pass"
+    try:
+        cpu_grads, dev_grads = _grad_pair(
+            cpu_out, dev_out, cpu_inputs + cpu_params, dev_inputs + dev_params
+        )
+    except _Outcome as outcome:
+        if outcome.outcome == "skipped":
+            return "pass"  # forward compared; nothing to differentiate
+        raise
+    labels = [f"input {i}" for i in range(len(cpu_inputs))] + [f"parameter {n}" for n in names]
+    for label, c, d in zip(labels, cpu_grads, dev_grads, strict=True):
+        if (c is None) != (d is None):
+            raise Mismatch("backward: gradient presence differs", label)
+        if c is None:
+            continue
+        try:
+            compare(c, d, device, values, where=f"grad of {label}")
+        except Mismatch as error:
+            raise Mismatch("backward: gradient " + error.cause, error.detail) from None
+    return "pass"
+
+
+class _ModuleSample:
+    """Adapts a ModuleInput to the ``summary()`` used in failure records."""
+
+    def __init__(self, module_input):
+        self.module_input = module_input
+
+    def summary(self):
+        fwd = self.module_input.forward_input
+        desc = self.module_input.desc or ""
+        ctor = self.module_input.constructor_input
+        shapes = [tuple(t.shape) for t in flat_tensors((fwd.args, fwd.kwargs))]
+        return f"desc={desc!r} ctor_args={ctor.args!r} ctor_kwargs={ctor.kwargs!r} inputs={shapes}"
+
+
+def run_module(info, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
+    result = CaseResult()
+    training = variant == "train"
+    values = module_values_compared(info)
+    if not values:
+        result.notes["values_compared"] = False
+    try:
+        inputs = module_inputs(info, dtype, training)
+    except Exception as error:  # noqa: BLE001
+        result.sample_error = "generating module inputs failed: " + _error_text(error)
+        return result.to_dict()
+    if max_samples is not None:
+        inputs = inputs[:max_samples]
+    samples = ((i, _ModuleSample(m)) for i, m in enumerate(inputs))
+    _run_samples(
+        result,
+        samples,
+        lambda s: _module_sample(info, s.module_input, dtype, training, device, values),
+        progress,
+    )
+    return result.to_dict()
