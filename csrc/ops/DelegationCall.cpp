@@ -61,17 +61,8 @@ at::Tensor DelegationCall::to_cpu(const at::Tensor& tensor, bool written) {
 }
 
 at::Tensor DelegationCall::to_cpu(at::Tensor&& tensor, bool written) {
-  // `tensor` moves into the swap entry; read what we need before that.
-  const at::Tensor& view = tensor;
-  if (view.defined() && view.device().type() == c10::DeviceType::PrivateUse1) {
-    at::Tensor owned = std::move(tensor);
-    const at::Tensor& ref = owned;
-    note_device(ref.device());
-    at::Tensor alias = alias_for(ref);
-    swapped_.push_back({alias, nullptr, std::move(owned), written});
-    return alias;
-  }
-  return swap_in(view, nullptr, std::move(tensor), written);
+  // swap_in reads `tensor` only before it moves `owned` (the same object).
+  return swap_in(tensor, nullptr, std::move(tensor), written);
 }
 
 void DelegationCall::settle() {
