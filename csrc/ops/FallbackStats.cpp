@@ -2,10 +2,9 @@
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
+
+#include "flags/BackendFlags.h"
 
 namespace ember {
 namespace {
@@ -20,21 +19,20 @@ std::map<std::string, FallbackCount>& counts() {
   return counts;
 }
 
-std::atomic<bool>& strict_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* value = std::getenv("EMBER_STRICT");
-    return value != nullptr && std::strcmp(value, "0") != 0 && *value != '\0';
-  }()};
-  return flag;
-}
-
 }  // namespace
 
 void record_fallback_copy(const std::string& op, int64_t bytes) {
-  TORCH_CHECK(!strict_mode(), "ember strict mode: ", op,
+  const auto policy = flags::fallback_policy();
+  TORCH_CHECK(policy != flags::FallbackPolicy::kError,
+              "ember fallback policy 'error': ", op,
               " would copy its result (", bytes,
-              " bytes) instead of running in place on ember memory. "
-              "Unset EMBER_STRICT to allow it.");
+              " bytes) instead of running in place on ember memory. Set "
+              "torch.backends.ember.fallback = 'allow' (or unset "
+              "EMBER_STRICT) to allow it.");
+  if (policy == flags::FallbackPolicy::kWarn) {
+    TORCH_WARN("ember: ", op, " copied its result (", bytes,
+               " bytes) instead of running in place on ember memory");
+  }
   std::lock_guard<std::mutex> lock(stats_mutex());
   auto& count = counts()[op];
   count.copies += 1;
@@ -51,7 +49,13 @@ void reset_fallback_stats() {
   counts().clear();
 }
 
-bool strict_mode() { return strict_flag().load(std::memory_order_relaxed); }
-void set_strict_mode(bool strict) { strict_flag().store(strict); }
+// The older strict switch is the fallback policy's "error" setting.
+bool strict_mode() {
+  return flags::fallback_policy() == flags::FallbackPolicy::kError;
+}
+void set_strict_mode(bool strict) {
+  flags::set_fallback_policy(strict ? flags::FallbackPolicy::kError
+                                    : flags::FallbackPolicy::kAllow);
+}
 
 }  // namespace ember

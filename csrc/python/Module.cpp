@@ -22,6 +22,8 @@
 namespace py = pybind11;
 
 namespace ember {
+void bind_flags(py::module& parent);  // FlagsBindings.cpp
+
 namespace {
 
 namespace rt = ember::runtime;
@@ -199,4 +201,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_fallback_stats", &reset_fallback_stats);
   m.def("strict_mode", &strict_mode);
   m.def("set_strict_mode", &set_strict_mode);
+  bind_flags(m);
 }

@@ -1,0 +1,189 @@
+#include "flags/BackendFlags.h"
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace ember::flags {
+namespace {
+
+// -1 in a precision slot means "not set: follow torch's global setting".
+constexpr int8_t kFollowGlobal = -1;
+
+std::atomic<bool> g_deterministic{false};
+std::atomic<bool> g_benchmark{false};
+std::atomic<int64_t> g_benchmark_limit{10};
+std::atomic<int8_t> g_matmul_precision{kFollowGlobal};
+std::atomic<int8_t> g_conv_precision{kFollowGlobal};
+std::atomic<bool> g_bf16x3_faster{false};
+std::atomic<uint8_t> g_blas{static_cast<uint8_t>(BlasLibrary::kDefault)};
+
+int initial_verbose_level() {
+  const char* value = std::getenv("EMBER_VERBOSE");
+  return value == nullptr ? 0 : std::atoi(value);
+}
+std::atomic<int> g_verbose{initial_verbose_level()};
+
+FallbackPolicy initial_fallback_policy() {
+  // EMBER_STRICT=1 predates the policy flag and still means "error".
+  const char* strict = std::getenv("EMBER_STRICT");
+  if (strict != nullptr && *strict != '\0' && std::strcmp(strict, "0") != 0) {
+    return FallbackPolicy::kError;
+  }
+  const char* policy = std::getenv("EMBER_FALLBACK");
+  if (policy != nullptr && std::strcmp(policy, "warn") == 0) {
+    return FallbackPolicy::kWarn;
+  }
+  if (policy != nullptr && std::strcmp(policy, "error") == 0) {
+    return FallbackPolicy::kError;
+  }
+  return FallbackPolicy::kAllow;
+}
+std::atomic<uint8_t> g_fallback{static_cast<uint8_t>(initial_fallback_policy())};
+
+int8_t parse_precision(const std::string& value) {
+  if (value == "none") return kFollowGlobal;
+  if (value == "ieee") return static_cast<int8_t>(Fp32Precision::kIeee);
+  if (value == "bf16") return static_cast<int8_t>(Fp32Precision::kBf16);
+  if (value == "bf16x3") return static_cast<int8_t>(Fp32Precision::kBf16x3);
+  TORCH_CHECK_VALUE(false, "fp32_precision must be one of 'ieee', 'bf16', ",
+                    "'bf16x3' or 'none', got '", value, "'");
+}
+
+std::string precision_setting(int8_t stored) {
+  return stored == kFollowGlobal
+             ? "none"
+             : to_string(static_cast<Fp32Precision>(stored));
+}
+
+Fp32Precision resolve(int8_t stored) {
+  if (stored != kFollowGlobal) return static_cast<Fp32Precision>(stored);
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST:
+      return Fp32Precision::kIeee;
+    case at::Float32MatmulPrecision::MEDIUM:
+      return Fp32Precision::kBf16;
+    case at::Float32MatmulPrecision::HIGH:
+      return g_bf16x3_faster.load(std::memory_order_relaxed)
+                 ? Fp32Precision::kBf16x3
+                 : Fp32Precision::kIeee;
+  }
+  return Fp32Precision::kIeee;
+}
+
+}  // namespace
+
+const char* to_string(Fp32Precision precision) {
+  switch (precision) {
+    case Fp32Precision::kIeee:
+      return "ieee";
+    case Fp32Precision::kBf16:
+      return "bf16";
+    case Fp32Precision::kBf16x3:
+      return "bf16x3";
+  }
+  return "?";
+}
+
+const char* to_string(BlasLibrary library) {
+  switch (library) {
+    case BlasLibrary::kDefault:
+      return "default";
+    case BlasLibrary::kMkl:
+      return "mkl";
+    case BlasLibrary::kOneDnn:
+      return "onednn";
+  }
+  return "?";
+}
+
+const char* to_string(FallbackPolicy policy) {
+  switch (policy) {
+    case FallbackPolicy::kAllow:
+      return "allow";
+    case FallbackPolicy::kWarn:
+      return "warn";
+    case FallbackPolicy::kError:
+      return "error";
+  }
+  return "?";
+}
+
+bool deterministic() {
+  return g_deterministic.load(std::memory_order_relaxed) ||
+         at::globalContext().deterministicAlgorithms();
+}
+bool deterministic_flag() { return g_deterministic.load(); }
+void set_deterministic(bool on) { g_deterministic.store(on); }
+
+void alert_not_deterministic(const char* op) {
+  if (at::globalContext().deterministicAlgorithms()) {
+    // Same message, error type and warn_only handling as CUDA's kernels.
+    at::globalContext().alertNotDeterministic(op);
+    return;
+  }
+  if (g_deterministic.load(std::memory_order_relaxed)) {
+    TORCH_CHECK(false, op,
+                " does not have a deterministic implementation on ember, but "
+                "you set 'torch.backends.ember.deterministic = True'. Turn it "
+                "off for this operation, or use "
+                "torch.use_deterministic_algorithms(True, warn_only=True) to "
+                "be warned instead.");
+  }
+}
+
+bool benchmark() { return g_benchmark.load(std::memory_order_relaxed); }
+void set_benchmark(bool on) { g_benchmark.store(on); }
+int64_t benchmark_limit() { return g_benchmark_limit.load(); }
+void set_benchmark_limit(int64_t limit) {
+  TORCH_CHECK_VALUE(limit >= 0, "benchmark_limit must be >= 0, got ", limit);
+  g_benchmark_limit.store(limit);
+}
+
+Fp32Precision matmul_fp32_precision() {
+  return resolve(g_matmul_precision.load(std::memory_order_relaxed));
+}
+Fp32Precision conv_fp32_precision() {
+  return resolve(g_conv_precision.load(std::memory_order_relaxed));
+}
+std::string matmul_fp32_precision_setting() {
+  return precision_setting(g_matmul_precision.load());
+}
+std::string conv_fp32_precision_setting() {
+  return precision_setting(g_conv_precision.load());
+}
+void set_matmul_fp32_precision(const std::string& value) {
+  g_matmul_precision.store(parse_precision(value));
+}
+void set_conv_fp32_precision(const std::string& value) {
+  g_conv_precision.store(parse_precision(value));
+}
+bool bf16x3_is_faster() { return g_bf16x3_faster.load(); }
+void set_bf16x3_is_faster(bool faster) { g_bf16x3_faster.store(faster); }
+
+BlasLibrary blas_library() {
+  return static_cast<BlasLibrary>(g_blas.load(std::memory_order_relaxed));
+}
+void set_blas_library(BlasLibrary library) {
+  g_blas.store(static_cast<uint8_t>(library));
+}
+
+int verbose_level() { return g_verbose.load(std::memory_order_relaxed); }
+void set_verbose_level(int level) {
+  TORCH_CHECK_VALUE(level >= 0 && level <= 2,
+                    "verbose level must be 0, 1 or 2, got ", level);
+  g_verbose.store(level);
+}
+
+FallbackPolicy fallback_policy() {
+  return static_cast<FallbackPolicy>(
+      g_fallback.load(std::memory_order_relaxed));
+}
+void set_fallback_policy(FallbackPolicy policy) {
+  g_fallback.store(static_cast<uint8_t>(policy));
+}
+
+}  // namespace ember::flags

@@ -1,0 +1,66 @@
+// torch.backends.ember: the switches that change how ops run on ember.
+// One process-wide value per flag (as torch.backends.cudnn), read on every
+// op, so each is a relaxed atomic; Python sets them through torch_ember._C.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace ember::flags {
+
+// fp32 matmul/convolution arithmetic (the CPU counterpart of TF32).
+enum class Fp32Precision : uint8_t {
+  kIeee,    // plain fp32
+  kBf16,    // inputs rounded to bf16, fp32 accumulation
+  kBf16x3,  // inputs split into bf16 hi + lo, three bf16 products summed
+};
+const char* to_string(Fp32Precision precision);
+
+// Which GEMM library ember's matmul family calls.
+enum class BlasLibrary : uint8_t {
+  kDefault,  // ATen's CPU choice (MKL for fp32): bitwise equal to CPU
+  kMkl,
+  kOneDnn,
+};
+const char* to_string(BlasLibrary library);
+
+enum class FallbackPolicy : uint8_t { kAllow, kWarn, kError };
+const char* to_string(FallbackPolicy policy);
+
+// Determinism: ember's own switch or torch.use_deterministic_algorithms.
+bool deterministic();
+bool deterministic_flag();  // ember's switch alone
+void set_deterministic(bool on);
+// Under determinism, an op without a deterministic ember kernel: raises
+// RuntimeError (or warns with warn_only) exactly as CUDA does.
+void alert_not_deterministic(const char* op);
+
+// Autotuning of convolution and matmul algorithms.
+bool benchmark();
+void set_benchmark(bool on);
+int64_t benchmark_limit();  // 0 = unbounded
+void set_benchmark_limit(int64_t limit);
+
+// The precision ember uses now: its explicit setting, or the one
+// torch.set_float32_matmul_precision implies when left unset.
+Fp32Precision matmul_fp32_precision();
+Fp32Precision conv_fp32_precision();
+// nullopt-like: "none" means follow torch's global setting.
+std::string matmul_fp32_precision_setting();
+std::string conv_fp32_precision_setting();
+void set_matmul_fp32_precision(const std::string& value);  // "none" resets
+void set_conv_fp32_precision(const std::string& value);
+// Whether bf16x3 beats ieee on this CPU ("high" maps to it only then).
+bool bf16x3_is_faster();
+void set_bf16x3_is_faster(bool faster);
+
+BlasLibrary blas_library();
+void set_blas_library(BlasLibrary library);
+
+int verbose_level();
+void set_verbose_level(int level);
+
+FallbackPolicy fallback_policy();
+void set_fallback_policy(FallbackPolicy policy);
+
+}  // namespace ember::flags

@@ -1,0 +1,62 @@
+// torch_ember._C.flags: get/set of every torch.backends.ember switch.
+// Validation of names happens in Python (torch_ember/backends); values are
+// checked here too so a bad value never reaches a kernel.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "flags/BackendFlags.h"
+
+namespace py = pybind11;
+
+namespace ember {
+
+namespace {
+flags::BlasLibrary parse_blas(const std::string& name) {
+  if (name == "default") return flags::BlasLibrary::kDefault;
+  if (name == "mkl") return flags::BlasLibrary::kMkl;
+  if (name == "onednn") return flags::BlasLibrary::kOneDnn;
+  TORCH_CHECK_VALUE(false, "BLAS library must be one of 'default', 'mkl', ",
+                    "'onednn', got '", name, "'");
+}
+flags::FallbackPolicy parse_fallback(const std::string& name) {
+  if (name == "allow") return flags::FallbackPolicy::kAllow;
+  if (name == "warn") return flags::FallbackPolicy::kWarn;
+  if (name == "error") return flags::FallbackPolicy::kError;
+  TORCH_CHECK_VALUE(false, "fallback must be one of 'allow', 'warn', ",
+                    "'error', got '", name, "'");
+}
+}  // namespace
+
+void bind_flags(py::module& parent) {
+  auto m = parent.def_submodule("flags", "torch.backends.ember switches");
+  m.def("deterministic", &flags::deterministic_flag);
+  m.def("effective_deterministic", &flags::deterministic);
+  m.def("set_deterministic", &flags::set_deterministic);
+  m.def("benchmark", &flags::benchmark);
+  m.def("set_benchmark", &flags::set_benchmark);
+  m.def("benchmark_limit", &flags::benchmark_limit);
+  m.def("set_benchmark_limit", &flags::set_benchmark_limit);
+  m.def("matmul_fp32_precision", &flags::matmul_fp32_precision_setting);
+  m.def("set_matmul_fp32_precision", &flags::set_matmul_fp32_precision);
+  m.def("conv_fp32_precision", &flags::conv_fp32_precision_setting);
+  m.def("set_conv_fp32_precision", &flags::set_conv_fp32_precision);
+  m.def("effective_matmul_fp32_precision",
+        [] { return flags::to_string(flags::matmul_fp32_precision()); });
+  m.def("effective_conv_fp32_precision",
+        [] { return flags::to_string(flags::conv_fp32_precision()); });
+  m.def("blas_library",
+        [] { return std::string(flags::to_string(flags::blas_library())); });
+  m.def("set_blas_library", [](const std::string& name) {
+    flags::set_blas_library(parse_blas(name));
+  });
+  m.def("verbose", &flags::verbose_level);
+  m.def("set_verbose", &flags::set_verbose_level);
+  m.def("fallback",
+        [] { return std::string(flags::to_string(flags::fallback_policy())); });
+  m.def("set_fallback", [](const std::string& name) {
+    flags::set_fallback_policy(parse_fallback(name));
+  });
+}
+
+}  // namespace ember
