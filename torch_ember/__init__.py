@@ -49,6 +49,14 @@ torch.utils.generate_methods_for_privateuse1_backend(
 
 __version__ = "0.1.0"
 
+# torch.backends.ember: the configuration surface (torch_ember/backends).
+import sys as _sys
+
+from torch_ember import backends as _backends
+
+torch.backends.ember = _backends
+_sys.modules["torch.backends.ember"] = _backends
+
 
 def fallback_stats() -> dict[str, dict[str, int]]:
     """Ops whose results had to be copied rather than used in place.
