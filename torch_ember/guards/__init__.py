@@ -1,0 +1,42 @@
+"""Guard profiler for ``torch.compile`` (any device: CPU, ember, ...).
+
+Every call of a compiled function first runs Dynamo's guards, the checks that
+decide whether a cached graph may run. This package shows what they cost,
+which ones fail and why, and drops the ones a frozen inference model does not
+need::
+
+    import torch_ember.guards as guards
+
+    report = guards.profile(compiled_model, x)      # one compiled callable
+    print(report)                                   # text; .to_json(), .to_html()
+
+    fast, result = guards.optimize(model, example_inputs=(x,))
+    print(result)                                   # guard time before/after
+
+From the shell: ``python -m torch_ember.guards report SCRIPT [args]``.
+See docs/guards.md.
+"""
+
+from .advice import Advice
+from .optimize import OptimizeResult, optimize
+from .profiler import CodeProfile, EntryProfile, GuardProfile, Profiler, collect, profile
+from .recorder import FrameHook, RecompileEvent, RecompileLog
+from .tree import GuardNode, build_tree, count_by_kind
+
+__all__ = [
+    "Advice",
+    "CodeProfile",
+    "EntryProfile",
+    "FrameHook",
+    "GuardNode",
+    "GuardProfile",
+    "OptimizeResult",
+    "Profiler",
+    "RecompileEvent",
+    "RecompileLog",
+    "build_tree",
+    "collect",
+    "count_by_kind",
+    "optimize",
+    "profile",
+]

@@ -1,0 +1,357 @@
+"""The guard profiler: what Dynamo's guards cost and why code recompiled.
+
+:func:`profile` runs one compiled callable on example inputs and returns a
+:class:`GuardProfile`; :func:`collect` builds the same record from whatever a
+:class:`~torch_ember.guards.recorder.FrameHook` and a
+:class:`~torch_ember.guards.recorder.RecompileLog` saw (the CLI uses it around
+a whole script).
+
+Per compiled code object and cache entry the profile holds the guard tree,
+guard counts by kind, the measured guard-evaluation time per call (whole tree
+and its most expensive subtrees), the recompiles with the guard that failed,
+the number of cache entries against ``recompile_limit``, and advice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+import torch
+import torch._dynamo
+from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+from torch._dynamo.utils import orig_code_map
+
+from . import advice as _advice
+from .recorder import FrameHook, RecompileEvent, RecompileLog
+from .timing import GuardTimer, loop_overhead_ns, module_guard_cost, time_per_call_ns, time_subtrees
+from .tree import GuardNode, build_tree, count_by_kind
+
+
+@dataclasses.dataclass
+class EntryProfile:
+    """One cache entry of a code object: a compiled graph and its guards."""
+
+    compile_id: str
+    position: int  # in Dynamo's lookup order (0 = checked first)
+    tree: GuardNode
+    calls: int = 0  # calls seen while profiling
+    guard_us: float | None = None  # per check, profiler overhead excluded
+    raw_us: float | None = None  # per check as measured, overhead included
+    overhead_us: float | None = None  # the overhead that was subtracted
+    module_guard_us: float | None = None  # cost of the guards on nn.Modules
+    module_guard_count: int = 0
+    body_us: float | None = None  # mean time of the compiled frame body (CLI)
+    measured_nodes: int = 0
+    note: str = ""
+
+    @property
+    def guard_count(self) -> int:
+        return self.tree.guard_count
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return count_by_kind(self.tree)
+
+    def expensive(self, top: int = 8) -> list[GuardNode]:
+        """The measured subtrees that cost the most, deepest first among equals:
+        a node is listed only if none of its measured children explains most
+        of its time."""
+        nodes = [n for n in self.tree.walk() if n is not self.tree and n.time_us is not None]
+        picked = []
+        for node in nodes:
+            child_times = [c.time_us for c in node.children if c.time_us is not None]
+            if child_times and max(child_times) >= 0.7 * (node.time_us or 0.0):
+                continue
+            picked.append(node)
+        picked.sort(key=lambda n: n.time_us or 0.0, reverse=True)
+        return picked[:top]
+
+    def to_dict(self, tree_depth: int | None = None) -> dict[str, Any]:
+        return {
+            "compile_id": self.compile_id,
+            "position": self.position,
+            "calls": self.calls,
+            "guard_count": self.guard_count,
+            "counts_by_kind": self.counts,
+            "guard_us": _round(self.guard_us),
+            "raw_check_us": _round(self.raw_us),
+            "overhead_subtracted_us": _round(self.overhead_us),
+            "module_guard_us": _round(self.module_guard_us),
+            "module_guard_count": self.module_guard_count,
+            "body_us": _round(self.body_us),
+            "measured_subtrees": self.measured_nodes,
+            "expensive_subtrees": [
+                {"source": n.source, "time_us": _round(n.time_us), "guard_count": n.guard_count}
+                for n in self.expensive()
+            ],
+            "note": self.note,
+            "tree": self.tree.to_dict(tree_depth),
+        }
+
+
+@dataclasses.dataclass
+class CodeProfile:
+    """A code object Dynamo compiled, with its cache entries and recompiles."""
+
+    name: str
+    filename: str
+    firstlineno: int
+    entries: list[EntryProfile]
+    recompiles: list[RecompileEvent]
+    recompile_limit: int
+    limit_hit: dict[str, str] | None = None
+
+    @property
+    def location(self) -> str:
+        return f"{self.name} ({self.filename}:{self.firstlineno})"
+
+    def to_dict(self, tree_depth: int | None = None) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "filename": self.filename,
+            "firstlineno": self.firstlineno,
+            "cache_entries": len(self.entries),
+            "recompile_limit": self.recompile_limit,
+            "recompile_limit_hit": self.limit_hit is not None,
+            "recompiles": [event.to_dict() for event in self.recompiles],
+            "entries": [entry.to_dict(tree_depth) for entry in self.entries],
+        }
+
+
+@dataclasses.dataclass
+class GuardProfile:
+    """Everything the profiler found; render with :mod:`torch_ember.guards.report`."""
+
+    mode: str  # "profile" (one callable) or "script" (the CLI)
+    codes: list[CodeProfile]
+    call_us: float | None  # whole compiled call, per call (profile mode)
+    overhead: dict[str, float]
+    advice: list[_advice.Advice] = dataclasses.field(default_factory=list)
+    target: str = ""
+
+    @property
+    def hit_entries(self) -> list[EntryProfile]:
+        return [e for code in self.codes for e in code.entries if e.calls > 0]
+
+    @property
+    def guard_us(self) -> float:
+        """Guard-evaluation time per call: sum over the entries a call runs."""
+        return sum(e.guard_us or 0.0 for e in self.hit_entries)
+
+    @property
+    def guard_count(self) -> int:
+        return sum(e.guard_count for e in self.hit_entries)
+
+    @property
+    def total_guard_us(self) -> float:
+        """Guard time summed over every recorded call of every entry."""
+        return sum((e.guard_us or 0.0) * e.calls for e in self.hit_entries)
+
+    @property
+    def total_body_us(self) -> float:
+        """Time in compiled frames summed over every recorded call (script mode)."""
+        return sum((e.body_us or 0.0) * e.calls for e in self.hit_entries)
+
+    @property
+    def guard_share(self) -> float | None:
+        """Guard time as a fraction of the whole compiled call."""
+        if self.call_us:
+            return self.guard_us / self.call_us
+        whole = self.total_guard_us + self.total_body_us
+        if self.total_body_us > 0:
+            return self.total_guard_us / whole
+        return None
+
+    @property
+    def recompile_count(self) -> int:
+        return sum(len(code.recompiles) for code in self.codes)
+
+    def to_dict(self, tree_depth: int | None = None) -> dict[str, Any]:
+        from .report import to_dict
+
+        return to_dict(self, tree_depth)
+
+    def to_json(self, tree_depth: int | None = None) -> str:
+        from .report import to_json
+
+        return to_json(self, tree_depth)
+
+    def to_text(self, top: int = 8) -> str:
+        from .report import to_text
+
+        return to_text(self, top)
+
+    def to_html(self) -> str:
+        from .report import to_html
+
+        return to_html(self)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _original_code(code: CodeType) -> CodeType | None:
+    return orig_code_map.get(code)
+
+
+def _entry_profile(
+    entry: Any,
+    position: int,
+    stats: Any,
+    *,
+    measure: bool,
+    budget: int,
+    with_body: bool,
+) -> EntryProfile:
+    root = entry.guard_manager.root
+    tree = build_tree(root)
+    profile = EntryProfile(compile_id=str(entry.compile_id), position=position, tree=tree)
+    if stats is None:
+        profile.note = "not run while profiling"
+        return profile
+    profile.calls = stats.calls
+    if with_body and stats.calls and stats.body_ns:
+        profile.body_us = stats.body_ns / stats.calls / 1000.0
+    f_locals = stats.f_locals
+    if not measure or f_locals is None:
+        return profile
+    with torch.set_grad_enabled(stats.grad_enabled):
+        if not root.check(f_locals):
+            failed = "; ".join(root.check_verbose(f_locals).verbose_code_parts)
+            profile.note = f"guards fail on the recorded frame locals now ({failed}): not timed"
+            return profile
+        timer = GuardTimer(f_locals)
+        profile.overhead_us = timer.overhead_us
+        profile.raw_us = timer.raw_us(root)
+        profile.guard_us = max(0.0, profile.raw_us - timer.overhead_us)
+        tree.time_us = profile.guard_us
+        profile.measured_nodes = time_subtrees(root, tree, timer, budget=budget)
+        profile.module_guard_us, profile.module_guard_count = module_guard_cost(root, tree, timer)
+    return profile
+
+
+def collect(
+    hook: FrameHook,
+    log: RecompileLog,
+    *,
+    only_seen: bool = False,
+    measure: bool = True,
+    budget: int = 48,
+    with_body: bool = False,
+) -> list[CodeProfile]:
+    """Builds the per-code records from what ``hook`` and ``log`` saw.
+
+    ``only_seen``: keep only code objects whose compiled frames ran under the
+    hook or that recompiled since ``log`` started (the :func:`profile` case);
+    otherwise every code object with recompiles is included too."""
+    stats_by_code = {code: stats for code, stats in hook.stats.items()}
+    originals: list[CodeType] = []
+    for code in stats_by_code:
+        original = _original_code(code)
+        if original is not None and original not in originals:
+            originals.append(original)
+    for code in log.codes():
+        if code in originals:
+            continue
+        if only_seen and not any(e.during_profile for e in log.events(code)):
+            continue
+        originals.append(code)
+
+    limit = int(torch._dynamo.config.recompile_limit)
+    out = []
+    for code in originals:
+        entries = []
+        for position, entry in enumerate(_debug_get_cache_entry_list(code)):
+            stats = stats_by_code.get(entry.code)
+            entries.append(
+                _entry_profile(
+                    entry, position, stats, measure=measure, budget=budget, with_body=with_body
+                )
+            )
+        entries.sort(key=lambda e: _compile_order(e.compile_id))
+        out.append(
+            CodeProfile(
+                name=code.co_name,
+                filename=code.co_filename,
+                firstlineno=code.co_firstlineno,
+                entries=entries,
+                recompiles=log.events(code),
+                recompile_limit=limit,
+                limit_hit=log.limit_hit(code),
+            )
+        )
+    return out
+
+
+def _compile_order(compile_id: str) -> tuple[int, ...]:
+    digits = [int(part) for part in compile_id.replace("_", "/").split("/") if part.isdigit()]
+    return tuple(digits)
+
+
+class Profiler:
+    """Guard profiler with options; :func:`profile` uses the defaults.
+
+    ``budget``: subtrees timed per cache entry. ``warmup``: plain calls made
+    before recording (the first one compiles). ``measure``: time the guards
+    (otherwise only structure and recompiles)."""
+
+    def __init__(self, *, budget: int = 48, warmup: int = 1, measure: bool = True):
+        self.budget = budget
+        self.warmup = warmup
+        self.measure = measure
+
+    def profile(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:
+        wall0 = time.perf_counter()
+        with RecompileLog() as log:
+            for _ in range(self.warmup):
+                fn(*args, **kwargs)
+            hook = FrameHook()
+            with hook:
+                fn(*args, **kwargs)
+        call_ns = time_per_call_ns(lambda: fn(*args, **kwargs), batch_s=0.01, repeats=5)
+        loop_ns = loop_overhead_ns()
+        codes = collect(hook, log, only_seen=True, measure=self.measure, budget=self.budget)
+        overheads = [e.overhead_us for c in codes for e in c.entries if e.overhead_us is not None]
+        result = GuardProfile(
+            mode="profile",
+            codes=codes,
+            call_us=max(0.0, call_ns - loop_ns) / 1000.0,
+            overhead={
+                "timing_loop_us": loop_ns / 1000.0,
+                "empty_guard_check_us": min(overheads) if overheads else 0.0,
+                "profiler_wall_s": 0.0,
+            },
+            target=_describe(fn),
+        )
+        result.advice = _advice.advise(result)
+        result.overhead["profiler_wall_s"] = time.perf_counter() - wall0
+        return result
+
+
+def profile(compiled_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:
+    """Profiles the guards of ``compiled_fn(*args, **kwargs)``.
+
+    ``compiled_fn`` is anything ``torch.compile`` returned (a function or an
+    ``OptimizedModule``), or any callable that calls compiled code. It is
+    called a few times with the given arguments: once to warm up (compiling
+    if needed), once under a frame hook that records which cache entries run
+    and their frame locals, then in a timing loop for the whole-call time.
+    The guards of every entry that ran are then timed on those locals.
+    """
+    return Profiler().profile(compiled_fn, *args, **kwargs)
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    orig = getattr(fn, "_orig_mod", None)
+    if orig is not None:
+        return f"compiled {type(orig).__name__}"
+    inner = getattr(fn, "_torchdynamo_orig_callable", fn)
+    return getattr(inner, "__qualname__", type(inner).__name__)
