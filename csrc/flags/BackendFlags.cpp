@@ -15,7 +15,7 @@ constexpr int8_t kFollowGlobal = -1;
 
 std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_benchmark{false};
-std::atomic<int64_t> g_benchmark_limit{10};
+std::atomic<int64_t> g_benchmark_limit{100};
 std::atomic<int8_t> g_matmul_precision{kFollowGlobal};
 std::atomic<int8_t> g_conv_precision{kFollowGlobal};
 std::atomic<bool> g_bf16x3_faster{false};
@@ -42,7 +42,8 @@ FallbackPolicy initial_fallback_policy() {
   }
   return FallbackPolicy::kAllow;
 }
-std::atomic<uint8_t> g_fallback{static_cast<uint8_t>(initial_fallback_policy())};
+std::atomic<uint8_t> g_fallback{
+    static_cast<uint8_t>(initial_fallback_policy())};
 
 int8_t parse_precision(const std::string& value) {
   if (value == "none") return kFollowGlobal;
@@ -148,6 +149,9 @@ Fp32Precision matmul_fp32_precision() {
 }
 Fp32Precision conv_fp32_precision() {
   return resolve(g_conv_precision.load(std::memory_order_relaxed));
+}
+bool matmul_fp32_precision_is_set() {
+  return g_matmul_precision.load(std::memory_order_relaxed) != kFollowGlobal;
 }
 std::string matmul_fp32_precision_setting() {
   return precision_setting(g_matmul_precision.load());

@@ -45,7 +45,8 @@ void set_benchmark_limit(int64_t limit);
 // torch.set_float32_matmul_precision implies when left unset.
 Fp32Precision matmul_fp32_precision();
 Fp32Precision conv_fp32_precision();
-// nullopt-like: "none" means follow torch's global setting.
+// "none" means follow torch's global setting.
+bool matmul_fp32_precision_is_set();
 std::string matmul_fp32_precision_setting();
 std::string conv_fp32_precision_setting();
 void set_matmul_fp32_precision(const std::string& value);  // "none" resets

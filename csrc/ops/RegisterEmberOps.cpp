@@ -32,6 +32,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_thnn_fused_gru_cell", TORCH_FN(kernels::fused_gru_cell));
   m.impl("_thnn_fused_gru_cell_backward",
          TORCH_FN(kernels::fused_gru_cell_backward));
+  m.impl("mm", TORCH_FN(kernels::mm));
+  m.impl("addmm", TORCH_FN(kernels::addmm));
+  m.impl("bmm", TORCH_FN(kernels::bmm));
+  m.impl("baddbmm", TORCH_FN(kernels::baddbmm));
+  m.impl("mm.out", TORCH_FN(kernels::mm_out));
+  m.impl("addmm.out", TORCH_FN(kernels::addmm_out));
+  m.impl("bmm.out", TORCH_FN(kernels::bmm_out));
+  m.impl("baddbmm.out", TORCH_FN(kernels::baddbmm_out));
   m.impl("_has_compatible_shallow_copy_type",
          TORCH_FN(kernels::has_compatible_shallow_copy_type));
 }

@@ -108,4 +108,40 @@ at::Tensor& inplace(at::Tensor& self, Args... args) {
   return self;
 }
 
+// An op ember computes with its own code on the CPU aliases: `kernel` gets
+// the converted arguments and returns CPU tensors allocated inside the call
+// (they are captured from the ember pool and handed back as ember tensors).
+template <class Return, class Kernel, class... Args>
+Return custom(std::string_view name, Kernel&& kernel, const Args&... args) {
+  DelegationCall call(name, /*accepts_cpu_tensors=*/false);
+  std::tuple<std::decay_t<decltype(to_cpu(call, args, false))>...> cpu_args{
+      to_cpu(call, args, false)...};
+  call.settle();
+  Return result;
+  const c10::DeviceIndex device = call.device();
+  run_on_device(device, [&] {
+    CpuAllocationCapture capture(device);
+    result = std::apply(kernel, cpu_args);
+  });
+  return from_cpu(call, result);
+}
+
+// Same for an out= op: `kernel(out_alias, args...)` writes the result.
+template <class Kernel, class... Args>
+at::Tensor& custom_out(std::string_view name, Kernel&& kernel, at::Tensor& out,
+                       const Args&... args) {
+  DelegationCall call(name, /*accepts_cpu_tensors=*/false);
+  std::tuple<std::decay_t<decltype(to_cpu(call, args, false))>...> cpu_args{
+      to_cpu(call, args, false)...};
+  at::Tensor out_cpu = call.to_cpu(out, /*written=*/true);
+  call.settle();
+  const c10::DeviceIndex device = call.device();
+  run_on_device(device, [&] {
+    CpuAllocationCapture capture(device);
+    std::apply([&](const auto&... a) { kernel(out_cpu, a...); }, cpu_args);
+  });
+  call.write_back();
+  return out;
+}
+
 }  // namespace ember::unboxed

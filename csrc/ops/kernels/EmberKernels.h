@@ -56,6 +56,25 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input,
                                                   double p,
                                                   std::optional<bool> train);
 
+// Matmul.cpp: CPU's kernels, or ember's GemmEngine when a
+// torch.backends.ember switch applies.
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b);
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& a,
+                 const at::Tensor& b, const at::Scalar& beta,
+                 const at::Scalar& alpha);
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b);
+at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& a,
+                   const at::Tensor& b, const at::Scalar& beta,
+                   const at::Scalar& alpha);
+at::Tensor& mm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+at::Tensor& addmm_out(const at::Tensor& self, const at::Tensor& a,
+                      const at::Tensor& b, const at::Scalar& beta,
+                      const at::Scalar& alpha, at::Tensor& out);
+at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& a,
+                        const at::Tensor& b, const at::Scalar& beta,
+                        const at::Scalar& alpha, at::Tensor& out);
+
 // Attention.cpp
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          const at::Tensor& value,

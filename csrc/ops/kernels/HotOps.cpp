@@ -1,15 +1,13 @@
 // Unboxed registrations for the ops that dominate small-tensor workloads
-// (elementwise arithmetic, GEMM, softmax, layer norm, activations). Each is
-// exactly the CPU delegation, minus the cost of boxing its arguments.
+// (elementwise arithmetic, softmax, layer norm, activations). Each is
+// exactly the CPU delegation (the matmul family is in Matmul.cpp), minus the
+// cost of boxing its arguments.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
-#include <ATen/ops/addmm_ops.h>
-#include <ATen/ops/bmm_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/gelu_ops.h>
-#include <ATen/ops/mm_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/relu_ops.h>
@@ -37,9 +35,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div.Tensor", TORCH_FN((functional<ops::div_Tensor, T, T>)));
   m.impl("add_.Tensor", TORCH_FN((inplace<ops::add__Tensor, T, S>)));
   m.impl("mul_.Tensor", TORCH_FN((inplace<ops::mul__Tensor, T>)));
-  m.impl("mm", TORCH_FN((functional<ops::mm, T, T>)));
-  m.impl("bmm", TORCH_FN((functional<ops::bmm, T, T>)));
-  m.impl("addmm", TORCH_FN((functional<ops::addmm, T, T, T, S, S>)));
   m.impl("_softmax", TORCH_FN((functional<ops::_softmax, T, int64_t, bool>)));
   m.impl("_log_softmax",
          TORCH_FN((functional<ops::_log_softmax, T, int64_t, bool>)));

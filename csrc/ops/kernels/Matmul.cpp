@@ -1,0 +1,176 @@
+// mm, addmm, bmm, baddbmm on ember (and matmul/linear, which decompose into
+// them). By default exactly CPU's kernel (unboxed delegation); when a
+// torch.backends.ember switch applies (fp32 precision, BLAS library,
+// benchmark, determinism) the GemmEngine runs instead.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/addmm_ops.h>
+#include <ATen/ops/baddbmm_ops.h>
+#include <ATen/ops/bmm_ops.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm_ops.h>
+
+#include "ops/CpuDelegation.h"
+#include "ops/UnboxedDelegation.h"
+#include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/matmul/GemmEngine.h"
+
+namespace ember::kernels {
+namespace {
+
+using T = const at::Tensor&;
+using S = const at::Scalar&;
+namespace ops = at::_ops;
+
+// ATen's argument checks, with its messages (RuntimeError, as on CPU/CUDA).
+std::vector<int64_t> checked_shape(const at::Tensor& a, const at::Tensor& b,
+                                   bool batched) {
+  const int64_t dims = batched ? 3 : 2;
+  TORCH_CHECK(a.dim() == dims, batched ? "batch1" : "self", " must be a ", dims,
+              "D tensor");
+  TORCH_CHECK(b.dim() == dims, batched ? "batch2" : "mat2", " must be a ", dims,
+              "D tensor");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(),
+              "expected m1 and m2 to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+  if (batched) {
+    TORCH_CHECK(a.size(0) == b.size(0), "batch1 and batch2 must have same ",
+                "number of batches, got ", a.size(0), " and ", b.size(0));
+  }
+  TORCH_CHECK(a.size(-1) == b.size(-2), "mat1 and mat2 shapes cannot be ",
+              "multiplied (", a.size(-2), "x", a.size(-1), " and ", b.size(-2),
+              "x", b.size(-1), ")");
+  if (batched) return {a.size(0), a.size(1), b.size(2)};
+  return {a.size(0), b.size(1)};
+}
+
+at::Tensor product(const char* op, const at::Tensor& self, const at::Tensor& a,
+                   const at::Tensor& b, const at::Scalar& beta,
+                   const at::Scalar& alpha, bool batched) {
+  at::Tensor out = at::empty(checked_shape(a, b, batched), a.options());
+  matmul::gemm(op, out, a, b, self, beta, alpha);
+  return out;
+}
+
+void product_out(const char* op, at::Tensor& out, const at::Tensor& self,
+                 const at::Tensor& a, const at::Tensor& b,
+                 const at::Scalar& beta, const at::Scalar& alpha,
+                 bool batched) {
+  TORCH_CHECK(out.scalar_type() == a.scalar_type(), "Expected out tensor to ",
+              "have dtype ", a.scalar_type(), ", but got ", out.scalar_type(),
+              " instead");
+  at::native::resize_output(out, checked_shape(a, b, batched));
+  matmul::gemm(op, out, a, b, self, beta, alpha);
+}
+
+// The out= default: the boxed CPU delegation every out= op takes.
+template <class... Args>
+at::Tensor& delegate_out(const char* name, at::Tensor& out,
+                         const Args&... args) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(name, "out");
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Args) + 1);
+  (stack.emplace_back(args), ...);
+  stack.emplace_back(out);
+  cpu_delegation_fallback(
+      op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  return out;
+}
+
+}  // namespace
+
+at::Tensor mm(T a, T b) {
+  if (!matmul::engine_applies(a)) {
+    return unboxed::functional<ops::mm, T, T>(a, b);
+  }
+  return unboxed::custom<at::Tensor>(
+      "aten::mm",
+      [](T ca, T cb) { return product("mm", {}, ca, cb, 0, 1, false); }, a, b);
+}
+
+at::Tensor addmm(T self, T a, T b, S beta, S alpha) {
+  if (!matmul::engine_applies(a)) {
+    return unboxed::functional<ops::addmm, T, T, T, S, S>(self, a, b, beta,
+                                                          alpha);
+  }
+  return unboxed::custom<at::Tensor>(
+      "aten::addmm",
+      [&](T cself, T ca, T cb) {
+        return product("addmm", cself, ca, cb, beta, alpha, false);
+      },
+      self, a, b);
+}
+
+at::Tensor bmm(T a, T b) {
+  if (!matmul::engine_applies(a)) {
+    return unboxed::functional<ops::bmm, T, T>(a, b);
+  }
+  return unboxed::custom<at::Tensor>(
+      "aten::bmm",
+      [](T ca, T cb) { return product("bmm", {}, ca, cb, 0, 1, true); }, a, b);
+}
+
+at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
+  if (!matmul::engine_applies(a)) {
+    return unboxed::functional<ops::baddbmm, T, T, T, S, S>(self, a, b, beta,
+                                                            alpha);
+  }
+  return unboxed::custom<at::Tensor>(
+      "aten::baddbmm",
+      [&](T cself, T ca, T cb) {
+        return product("baddbmm", cself, ca, cb, beta, alpha, true);
+      },
+      self, a, b);
+}
+
+at::Tensor& mm_out(T a, T b, at::Tensor& out) {
+  if (!matmul::engine_applies(a)) {
+    return delegate_out("aten::mm", out, a, b);
+  }
+  return unboxed::custom_out(
+      "aten::mm.out",
+      [](at::Tensor& o, T ca, T cb) {
+        product_out("mm", o, {}, ca, cb, 0, 1, false);
+      },
+      out, a, b);
+}
+
+at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
+  if (!matmul::engine_applies(a)) {
+    return delegate_out("aten::addmm", out, self, a, b, beta, alpha);
+  }
+  return unboxed::custom_out(
+      "aten::addmm.out",
+      [&](at::Tensor& o, T cself, T ca, T cb) {
+        product_out("addmm", o, cself, ca, cb, beta, alpha, false);
+      },
+      out, self, a, b);
+}
+
+at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
+  if (!matmul::engine_applies(a)) {
+    return delegate_out("aten::bmm", out, a, b);
+  }
+  return unboxed::custom_out(
+      "aten::bmm.out",
+      [](at::Tensor& o, T ca, T cb) {
+        product_out("bmm", o, {}, ca, cb, 0, 1, true);
+      },
+      out, a, b);
+}
+
+at::Tensor& baddbmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
+  if (!matmul::engine_applies(a)) {
+    return delegate_out("aten::baddbmm", out, self, a, b, beta, alpha);
+  }
+  return unboxed::custom_out(
+      "aten::baddbmm.out",
+      [&](at::Tensor& o, T cself, T ca, T cb) {
+        product_out("baddbmm", o, cself, ca, cb, beta, alpha, true);
+      },
+      out, self, a, b);
+}
+
+}  // namespace ember::kernels

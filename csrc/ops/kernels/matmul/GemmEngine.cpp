@@ -1,0 +1,340 @@
+#include "ops/kernels/matmul/GemmEngine.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/native/CPUBlas.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/linspace.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "flags/BackendFlags.h"
+#include "ops/kernels/tuning/Autotune.h"
+
+// Exported by libtorch_cpu (TORCH_API), but its header is not installed:
+// result = beta * result + alpha * (mat1 @ mat2) through oneDNN.
+namespace at::native {
+TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
+                             const at::Tensor& result, float beta, float alpha);
+}  // namespace at::native
+
+namespace ember::matmul {
+namespace {
+
+using flags::Fp32Precision;
+
+enum class Library { kAten, kOneDnn };
+
+const char* library_name(Library library) {
+  // ATen's CPU path for fp32/fp64 is MKL's GEMM in this build.
+  return library == Library::kAten ? "mkl" : "onednn";
+}
+
+thread_local std::string t_last_route;
+
+bool is_reduced(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+}
+
+// oneDNN takes float, bf16 and fp16 operands; everything else stays on ATen.
+bool onednn_supports(const at::Tensor& a) {
+  return a.scalar_type() == at::kFloat || is_reduced(a);
+}
+
+Fp32Precision precision_for(const at::Tensor& a);
+
+// The libraries that can run this call under the current precision.
+std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
+  if (!onednn_supports(a)) return {Library::kAten};
+  if (a.scalar_type() == at::kFloat && p != Fp32Precision::kIeee) {
+    // bf16 operands with an fp32 result: only oneDNN offers that product.
+    return {Library::kOneDnn};
+  }
+  return {Library::kAten, Library::kOneDnn};
+}
+
+// --- one GEMM, no tiling ---------------------------------------------------
+
+void aten_gemm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+               const at::Tensor& self, const at::Scalar& beta,
+               const at::Scalar& alpha) {
+  const bool batched = a.dim() == 3;
+  if (self.defined()) {
+    batched
+        ? at::baddbmm_out(const_cast<at::Tensor&>(out), self, a, b, beta, alpha)
+        : at::addmm_out(const_cast<at::Tensor&>(out), self, a, b, beta, alpha);
+  } else {
+    batched ? at::bmm_out(const_cast<at::Tensor&>(out), a, b)
+            : at::mm_out(const_cast<at::Tensor&>(out), a, b);
+  }
+}
+
+// Each output tile is computed by one serial GEMM over the whole K, so every
+// element's sum has the same order whatever the thread count. Tile sizes are
+// constants, never derived from the number of threads.
+constexpr int64_t kTileRows = 256;
+constexpr int64_t kTileCols = 256;
+
+// bf16 operands, fp32 accumulation and result: ATen's brgemm entry point,
+// which runs oneDNN's bf16 x bf16 -> f32 GEMM (row-major, C (+)= A @ B).
+void bf16_products(const at::Tensor& out,
+                   const std::vector<std::pair<at::Tensor, at::Tensor>>& terms,
+                   bool accumulate) {
+  // brgemm is a serial micro-kernel entry: parallelise over fixed output
+  // tiles (which also makes the result independent of the thread count).
+  const bool batched = out.dim() == 3;
+  const int64_t batches = batched ? out.size(0) : 1;
+  const int64_t rows = out.size(-2);
+  const int64_t cols = out.size(-1);
+  const int64_t row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int64_t col_tiles = (cols + kTileCols - 1) / kTileCols;
+  const int64_t tiles = batches * row_tiles * col_tiles;
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t tile = begin; tile < end; ++tile) {
+      const int64_t batch = tile / (row_tiles * col_tiles);
+      const int64_t r = (tile / col_tiles) % row_tiles * kTileRows;
+      const int64_t c = tile % col_tiles * kTileCols;
+      const at::Tensor o = batched ? out[batch] : out;
+      bool add = accumulate;
+      for (const auto& [lhs_full, rhs_full] : terms) {
+        const at::Tensor lhs = batched ? lhs_full[batch] : lhs_full;
+        const at::Tensor rhs = batched ? rhs_full[batch] : rhs_full;
+        at::native::cpublas::brgemm(
+            std::min(kTileRows, rows - r), std::min(kTileCols, cols - c),
+            lhs.size(1), lhs.stride(0), rhs.stride(0), o.stride(0), add,
+            lhs.const_data_ptr<at::BFloat16>() + r * lhs.stride(0),
+            rhs.const_data_ptr<at::BFloat16>() + c,
+            o.mutable_data_ptr<float>() + r * o.stride(0) + c,
+            /*is_vnni=*/false);
+        add = true;
+      }
+    }
+  });
+}
+
+void onednn_gemm(const at::Tensor& out, const at::Tensor& a,
+                 const at::Tensor& b, const at::Tensor& self,
+                 const at::Scalar& beta, const at::Scalar& alpha,
+                 Fp32Precision precision) {
+  const bool has_self = self.defined() && beta.toDouble() != 0.0;
+  if (a.scalar_type() != at::kFloat || precision == Fp32Precision::kIeee) {
+    // out = beta * out + alpha * (a @ b), with out seeded from self.
+    at::Tensor target = out.is_contiguous() ? out : at::empty_like(out);
+    if (has_self) target.copy_(self.expand_as(target));
+    at::native::mkldnn_matmul(
+        a, b, target, has_self ? static_cast<float>(beta.toDouble()) : 0.0f,
+        static_cast<float>(alpha.toDouble()));
+    if (!target.is_same(out)) out.copy_(target);
+    return;
+  }
+  auto bf16 = [](const at::Tensor& t) {
+    return t.to(at::kBFloat16).contiguous();
+  };
+  at::Tensor product;
+  bool accumulated = false;
+  if (precision == Fp32Precision::kBf16) {
+    // ATen's bf16 GEMM (oneDNN, fp32 accumulation, bf16 result): measured
+    // 4x faster here than the bf16 -> fp32 entry point below.
+    product =
+        (a.dim() == 3 ? at::bmm(bf16(a), bf16(b)) : at::mm(bf16(a), bf16(b)))
+            .to(at::kFloat);
+  } else {
+    // bf16x3: x = hi + lo with hi = bf16(x), lo = bf16(x - hi); the dropped
+    // lo*lo term is ~2^-16 of each product. Small terms first, for accuracy.
+    // Needs an fp32 result for each term, hence the bf16 -> fp32 kernel.
+    const at::Tensor a_hi = bf16(a);
+    const at::Tensor b_hi = bf16(b);
+    const at::Tensor a_lo = bf16(a.sub(a_hi.to(at::kFloat)));
+    const at::Tensor b_lo = bf16(b.sub(b_hi.to(at::kFloat)));
+    const bool direct = out.is_contiguous() && alpha.toDouble() == 1.0;
+    product = direct ? out : at::empty(out.sizes(), out.options());
+    if (direct && has_self) {
+      product.copy_(self.expand_as(product));
+      if (beta.toDouble() != 1.0) product.mul_(beta);
+    }
+    bf16_products(product, {{a_lo, b_hi}, {a_hi, b_lo}, {a_hi, b_hi}},
+                  /*accumulate=*/direct && has_self);
+    accumulated = direct;
+  }
+  if (accumulated) return;
+  if (has_self) {
+    // out = beta * self + alpha * product
+    at::add_out(const_cast<at::Tensor&>(out), self.mul(beta), product, alpha);
+  } else if (alpha.toDouble() == 1.0) {
+    out.copy_(product);
+  } else {
+    at::mul_out(const_cast<at::Tensor&>(out), product, alpha);
+  }
+}
+
+void gemm_once(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+               const at::Tensor& self, const at::Scalar& beta,
+               const at::Scalar& alpha, Library library,
+               Fp32Precision precision) {
+  if (library == Library::kAten) {
+    aten_gemm(out, a, b, self, beta, alpha);
+  } else {
+    onednn_gemm(out, a, b, self, beta, alpha, precision);
+  }
+}
+
+// --- determinism: a fixed tiling of the output -----------------------------
+
+void gemm_tiled(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+                const at::Tensor& self, const at::Scalar& beta,
+                const at::Scalar& alpha, Library library,
+                Fp32Precision precision) {
+  const bool batched = a.dim() == 3;
+  const int64_t batches = batched ? out.size(0) : 1;
+  const int64_t rows = out.size(-2);
+  const int64_t cols = out.size(-1);
+  const int64_t row_tiles =
+      std::max<int64_t>(1, (rows + kTileRows - 1) / kTileRows);
+  const int64_t col_tiles =
+      std::max<int64_t>(1, (cols + kTileCols - 1) / kTileCols);
+  const int64_t tiles = batches * row_tiles * col_tiles;
+  const at::Tensor self_full = self.defined() ? self.expand_as(out) : self;
+  // At least two tasks, so that with more than one thread the tiles always
+  // run inside a parallel region, where MKL and oneDNN run serially (one
+  // task alone would run outside it and could split K across threads).
+  at::parallel_for(
+      0, std::max<int64_t>(tiles, 2), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t tile = begin; tile < std::min(end, tiles); ++tile) {
+          const int64_t batch = tile / (row_tiles * col_tiles);
+          const int64_t r = (tile / col_tiles) % row_tiles * kTileRows;
+          const int64_t c = tile % col_tiles * kTileCols;
+          const int64_t nr = std::min(kTileRows, rows - r);
+          const int64_t nc = std::min(kTileCols, cols - c);
+          at::Tensor o = batched ? out[batch] : out;
+          at::Tensor lhs = batched ? a[batch] : a;
+          at::Tensor rhs = batched ? b[batch] : b;
+          at::Tensor s = self_full.defined()
+                             ? (batched ? self_full[batch] : self_full)
+                             : self_full;
+          o = o.narrow(0, r, nr).narrow(1, c, nc);
+          lhs = lhs.narrow(0, r, nr);
+          rhs = rhs.narrow(1, c, nc);
+          if (s.defined()) s = s.narrow(0, r, nr).narrow(1, c, nc);
+          // The tile always goes through the 2-D entry point.
+          gemm_once(o, lhs, rhs, s, beta, alpha, library, precision);
+        }
+      });
+}
+
+void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
+         const at::Tensor& self, const at::Scalar& beta,
+         const at::Scalar& alpha, Library library, Fp32Precision precision,
+         bool deterministic) {
+  if (deterministic) {
+    gemm_tiled(out, a, b, self, beta, alpha, library, precision);
+  } else {
+    gemm_once(out, a, b, self, beta, alpha, library, precision);
+  }
+}
+
+std::string signature(const at::Tensor& a, const at::Tensor& b,
+                      const at::Tensor& self, const at::Scalar& beta,
+                      Fp32Precision precision, bool deterministic) {
+  std::ostringstream s;
+  s << c10::toString(a.scalar_type()) << " a" << a.sizes() << a.strides()
+    << " b" << b.sizes() << b.strides();
+  if (self.defined() && beta.toDouble() != 0.0) {
+    s << " self" << self.sizes() << self.strides();
+  }
+  s << " " << flags::to_string(precision) << (deterministic ? " tiled" : "");
+  return s.str();
+}
+
+// "high" maps to bf16x3 only where it beats ieee here: measured once on a
+// mid-size GEMM, the first time the setting is consulted.
+void probe_bf16x3_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Deterministic operands: drawing random ones would move the user's RNG.
+    const at::Tensor a = at::linspace(-1.0, 1.0, 512 * 512).view({512, 512});
+    const at::Tensor b = a.t().contiguous();
+    at::Tensor out = at::empty({512, 512});
+    const at::Tensor none;
+    auto best_us = [&](auto&& run) {
+      double best = 1e300;
+      for (int rep = 0; rep < 4; ++rep) {
+        const auto start = std::chrono::steady_clock::now();
+        run();
+        best = std::min(best, std::chrono::duration<double, std::micro>(
+                                  std::chrono::steady_clock::now() - start)
+                                  .count());
+      }
+      return best;
+    };
+    const double ieee = best_us([&] { at::mm_out(out, a, b); });
+    const double bf16x3 = best_us(
+        [&] { onednn_gemm(out, a, b, none, 0, 1, Fp32Precision::kBf16x3); });
+    flags::set_bf16x3_is_faster(bf16x3 < ieee);
+  });
+}
+
+Fp32Precision precision_for(const at::Tensor& a) {
+  if (a.scalar_type() != at::kFloat) return Fp32Precision::kIeee;
+  if (!flags::matmul_fp32_precision_is_set() &&
+      at::globalContext().float32MatmulPrecision() ==
+          at::Float32MatmulPrecision::HIGH) {
+    probe_bf16x3_once();
+  }
+  return flags::matmul_fp32_precision();
+}
+
+}  // namespace
+
+bool engine_applies(const at::Tensor& a) {
+  if (flags::deterministic()) return true;
+  if (!onednn_supports(a)) return false;
+  if (flags::benchmark()) return true;
+  if (a.scalar_type() != at::kFloat) return false;
+  return flags::blas_library() == flags::BlasLibrary::kOneDnn ||
+         precision_for(a) != Fp32Precision::kIeee;
+}
+
+void gemm(const char* op, const at::Tensor& out, const at::Tensor& a,
+          const at::Tensor& b, const at::Tensor& self, const at::Scalar& beta,
+          const at::Scalar& alpha) {
+  const Fp32Precision precision = precision_for(a);
+  const bool deterministic = flags::deterministic();
+  const std::vector<Library> candidates = candidates_for(a, precision);
+  Library library = candidates.front();
+  if (candidates.size() > 1 && flags::benchmark()) {
+    // Candidates write into scratch: addmm's accumulation must see the
+    // original `out` once, in the final run below.
+    const at::Tensor scratch = at::empty_like(out);
+    std::vector<tuning::Candidate> timed;
+    for (Library candidate : candidates) {
+      timed.push_back({library_name(candidate), [&, candidate] {
+                         run(scratch, a, b, self, beta, alpha, candidate,
+                             precision, deterministic);
+                       }});
+    }
+    library = candidates[tuning::choose(
+        op, signature(a, b, self, beta, precision, deterministic), timed)];
+  } else if (candidates.size() > 1) {
+    library = flags::blas_library() == flags::BlasLibrary::kOneDnn
+                  ? Library::kOneDnn
+                  : Library::kAten;
+  }
+  t_last_route = std::string(library_name(library)) + "/" +
+                 flags::to_string(precision) + (deterministic ? "/tiled" : "");
+  run(out, a, b, self, beta, alpha, library, precision, deterministic);
+}
+
+const std::string& last_route() { return t_last_route; }
+
+}  // namespace ember::matmul
