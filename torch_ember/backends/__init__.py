@@ -86,6 +86,11 @@ class _Fp32Precision:
         return self._getter("effective_")()
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name == "effective_fp32_precision":
+            raise AttributeError(
+                f"torch.backends.ember.{self._op}.effective_fp32_precision is read-only; "
+                "set fp32_precision"
+            )
         if name != "fp32_precision":
             raise _no_such_attribute(f"torch.backends.ember.{self._op}", name, list(self._NAMES))
         value = _check_choice(
