@@ -211,6 +211,20 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
             )
         )
     entries = len(code.entries)
+    if code.ran_eagerly:
+        out.append(
+            Advice(
+                kind="ran_eagerly",
+                severity="high",
+                where=where,
+                message=(
+                    f"the profiled call ran none of the {entries} cache entries: it ran eagerly"
+                    " (uncompiled), typically because the recompile limit was hit."
+                ),
+                fix="see the recompile reasons; fix their cause so that one entry serves all calls",
+                data={"entries": entries},
+            )
+        )
     if code.limit_hit is not None or entries >= code.recompile_limit:
         out.append(
             Advice(

@@ -104,6 +104,9 @@ class CodeProfile:
     recompiles: list[RecompileEvent]
     recompile_limit: int
     limit_hit: dict[str, str] | None = None
+    # The profiled call ran none of the cache entries (profile mode): it ran
+    # eagerly, e.g. because the recompile limit was hit.
+    ran_eagerly: bool = False
 
     @property
     def location(self) -> str:
@@ -117,6 +120,7 @@ class CodeProfile:
             "cache_entries": len(self.entries),
             "recompile_limit": self.recompile_limit,
             "recompile_limit_hit": self.limit_hit is not None,
+            "ran_eagerly": self.ran_eagerly,
             "recompiles": [event.to_dict() for event in self.recompiles],
             "entries": [entry.to_dict(tree_depth) for entry in self.entries],
         }
@@ -246,6 +250,7 @@ def collect(
     measure: bool = True,
     budget: int = 48,
     with_body: bool = False,
+    extra_codes: tuple[CodeType, ...] = (),
 ) -> list[CodeProfile]:
     """Builds the per-code records from what ``hook`` and ``log`` saw.
 
@@ -258,6 +263,9 @@ def collect(
         original = _original_code(code)
         if original is not None and original not in originals:
             originals.append(original)
+    for code in extra_codes:
+        if code not in originals and (code in log.start_lengths or _has_entries(code)):
+            originals.append(code)
     for code in log.codes():
         if code in originals:
             continue
@@ -277,18 +285,41 @@ def collect(
                 )
             )
         entries.sort(key=lambda e: _compile_order(e.compile_id))
+        events = log.events(code)
+        limit_hit = log.limit_hit(code)
+        if limit_hit is None and len(entries) >= limit and len(events) >= limit:
+            # Hit before the log started: the last recompile attempt found
+            # the cache full.
+            limit_hit = {"limit": "recompile_limit", "value": str(limit), "inferred": "yes"}
         out.append(
             CodeProfile(
                 name=code.co_name,
                 filename=code.co_filename,
                 firstlineno=code.co_firstlineno,
                 entries=entries,
-                recompiles=log.events(code),
+                recompiles=events,
                 recompile_limit=limit,
-                limit_hit=log.limit_hit(code),
+                limit_hit=limit_hit,
             )
         )
     return out
+
+
+def _has_entries(code: CodeType) -> bool:
+    return bool(_debug_get_cache_entry_list(code))
+
+
+def _target_codes(fn: Callable[..., Any]) -> tuple[CodeType, ...]:
+    """Code objects ``torch.compile`` compiles first for ``fn``: the forward of
+    a compiled module, the function of a compiled function."""
+    inner = getattr(fn, "_orig_mod", None)
+    if inner is not None:
+        inner = getattr(inner, "forward", None)
+    else:
+        inner = getattr(fn, "_torchdynamo_orig_callable", None)
+    inner = getattr(inner, "__func__", inner)
+    code = getattr(inner, "__code__", None)
+    return (code,) if isinstance(code, CodeType) else ()
 
 
 def _compile_order(compile_id: str) -> tuple[int, ...]:
@@ -318,7 +349,17 @@ class Profiler:
                 fn(*args, **kwargs)
         call_ns = time_per_call_ns(lambda: fn(*args, **kwargs), batch_s=0.01, repeats=5)
         loop_ns = loop_overhead_ns()
-        codes = collect(hook, log, only_seen=True, measure=self.measure, budget=self.budget)
+        codes = collect(
+            hook,
+            log,
+            only_seen=True,
+            measure=self.measure,
+            budget=self.budget,
+            extra_codes=_target_codes(fn),
+        )
+        for code in codes:
+            if code.entries and not any(e.calls for e in code.entries):
+                code.ran_eagerly = True
         overheads = [e.overhead_us for c in codes for e in c.entries if e.overhead_us is not None]
         result = GuardProfile(
             mode="profile",

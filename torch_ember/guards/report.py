@@ -134,6 +134,7 @@ def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
             f"{code.location}: {len(code.entries)} cache entr{'y' if len(code.entries) == 1 else 'ies'}"
             f" (recompile limit {code.recompile_limit}"
             + (", LIMIT HIT" if code.limit_hit else "")
+            + (", the profiled call ran EAGERLY" if code.ran_eagerly else "")
             + f"), {len(code.recompiles)} recompile(s)"
         )
         for event in code.recompiles:
