@@ -78,3 +78,8 @@ CONFORMANCE_ARGS ?=
 
 conformance: setup
 	$(PY) -m torch_ember.conformance --doc docs/conformance.md $(CONFORMANCE_ARGS)
+
+# torch.backends.ember switches: what each mode costs and buys (benchmarks/flags.py).
+.PHONY: bench-flags
+bench-flags: setup
+	$(PY) benchmarks/flags.py
