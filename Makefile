@@ -83,3 +83,13 @@ conformance: setup
 .PHONY: bench-flags
 bench-flags: setup
 	$(PY) benchmarks/flags.py
+
+# --------------------------------------------------------------------------
+# Guard profiler (issue 6): guard time per call of a module-heavy model before
+# and after torch_ember.guards.optimize (target: >= 50% less, same outputs).
+#   make bench-guards
+# Options: `python benchmarks/guards.py --help` (e.g. --device ember).
+.PHONY: bench-guards
+
+bench-guards: setup
+	$(PY) benchmarks/guards.py

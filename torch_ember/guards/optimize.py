@@ -59,6 +59,8 @@ class OptimizeResult:
     after: GuardProfile
     outputs_equal: bool
     max_abs_diff_vs_eager: float | None
+    # The plain torch.compile of the same model (all guards), for A/B runs.
+    baseline: Callable[..., Any] | None = dataclasses.field(default=None, repr=False)
 
     @property
     def guard_us_before(self) -> float:
@@ -229,6 +231,7 @@ def optimize(
         after=after,
         outputs_equal=equal,
         max_abs_diff_vs_eager=_max_abs_diff(eager_out, fast_out),
+        baseline=plain,
     )
     if not equal:
         raise RuntimeError(
