@@ -386,6 +386,10 @@ def bench_determinism(rounds: int) -> dict[str, Any]:
             result = function([]) if entry == "main" else function()
         except TypeError:
             result = function()
+        except SystemExit as exit_:  # a main() that exits: 0 is success
+            if exit_.code not in (0, None):
+                raise RuntimeError(f"benchmarks/determinism.py exited with {exit_.code}") from None
+            result = None
         table = result.get("table", "") if isinstance(result, dict) else ""
         json_safe = json.loads(json.dumps(result, default=str))
         return {"result": json_safe, "table": table or "(see the output above)", "notes": []}
@@ -456,6 +460,10 @@ def bench_verbose(rounds: int, ops_per_sample: int = 2000) -> dict[str, Any]:
 # -- report ------------------------------------------------------------------------
 
 
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -490,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_capability": be.get_cpu_capability(),
             "versions": be.version(),
             "python": platform.python_version(),
+            "load_average": _load(),
         },
         "rounds": args.rounds,
         "sections": {},
@@ -498,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# torch.backends.ember flags benchmark\n\nember {torch_ember.__version__}, "
         f"torch {torch.__version__}, {machine['cpu']}, {machine['threads']} threads, "
-        f"ATen level {machine['cpu_capability']}"
+        f"ATen level {machine['cpu_capability']}; load average {_load()} (other load on the "
+        "machine changes absolute times; modes of a section share it through interleaving)"
     )
     started = time.perf_counter()
     for name in chosen:
@@ -514,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:  # noqa: BLE001 - one missing feature must not end the run
             result = {"status": f"not available: {type(error).__name__}: {error}"}
         result["seconds"] = time.perf_counter() - section_start
+        result["load_average_after"] = _load()
         if result["status"] == "ok":
             print(result.pop("table"))
             for note in result.get("notes", []):
