@@ -10,8 +10,8 @@ need::
     report = guards.profile(compiled_model, x)      # one compiled callable
     print(report)                                   # text; .to_json(), .to_html()
 
-    fast, result = guards.optimize(model, example_inputs=(x,))
-    print(result)                                   # guard time before/after
+    fast = guards.optimize(model.eval(), (x,))      # frozen inference model
+    print(fast.guard_report)                        # guard time before/after
 
 From the shell: ``python -m torch_ember.guards report SCRIPT [args]``.
 See docs/guards.md.

@@ -21,6 +21,7 @@ import os
 import runpy
 import sys
 import time
+import traceback
 from typing import Any
 
 from . import advice as _advice
@@ -48,6 +49,9 @@ def run_script(
     except SystemExit as exc:
         code = exc.code
         exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+    except Exception:  # noqa: BLE001  (what ran until the error is still reported)
+        traceback.print_exc()
+        exit_code = 1
     finally:
         log.stop()
         sys.argv, sys.path[:] = saved_argv, saved_path

@@ -292,11 +292,35 @@ def _cost_advice(profile: GuardProfile, code: CodeProfile) -> list[Advice]:
     return out
 
 
+def _graph_break_advice(profile: GuardProfile) -> list[Advice]:
+    if profile.mode != "profile":
+        return []
+    ran = [code for code in profile.codes if any(e.calls for e in code.entries)]
+    if len(ran) < 2:
+        return []
+    guard_us = profile.guard_us
+    names = ", ".join(code.name for code in ran)
+    return [
+        Advice(
+            kind="graph_breaks",
+            severity="info",
+            where=ran[0].location,
+            message=(
+                f"one call runs {len(ran)} compiled frames ({names}): graph breaks split it,"
+                f" and each frame checks its own guards ({guard_us:.2f} us per call in all)."
+            ),
+            fix="remove the graph breaks (torch._dynamo.explain, or fullgraph=True to find them)",
+            data={"frames": [code.name for code in ran]},
+        )
+    ]
+
+
 def advise(profile: GuardProfile) -> list[Advice]:
     """All advice for ``profile``, most severe first."""
     out: list[Advice] = []
     for code in profile.codes:
         out.extend(_recompile_advice(code))
         out.extend(_cost_advice(profile, code))
+    out.extend(_graph_break_advice(profile))
     out.sort(key=lambda a: SEVERITIES.index(a.severity))
     return out
