@@ -21,6 +21,7 @@ A section whose feature is missing from this build reports "not available"
 instead of failing the run. Prints one markdown table per section.
 
     python benchmarks/flags.py [--json PATH] [--sections precision,blas,...] [--rounds N]
+                               [--quick]   (toy sizes: checks that every section runs)
 """
 
 from __future__ import annotations
@@ -231,14 +232,16 @@ def _cache_info() -> dict[str, Any] | str:
         return f"not available: {type(error).__name__}: {error}"
 
 
-def bench_autotune(rounds: int) -> dict[str, Any]:
-    x_conv = _randn(1, 64, 56, 56, seed=3)
+def bench_autotune(rounds: int, spatial: int = 56, features: int = 1024) -> dict[str, Any]:
+    x_conv = _randn(1, 64, spatial, spatial, seed=3)
     w_conv = _randn(64, 64, 3, 3, seed=4) * 0.05
-    x_lin = _randn(512, 1024, seed=5)
-    w_lin = _randn(1024, 1024, seed=6) * 0.03
+    x_lin = _randn(512, features, seed=5)
+    w_lin = _randn(features, features, seed=6) * 0.03
     workloads = {
-        "conv2d 1x64x56x56, 64x64x3x3, pad 1": lambda: F.conv2d(x_conv, w_conv, padding=1),
-        "linear 512x1024 @ 1024x1024": lambda: F.linear(x_lin, w_lin),
+        f"conv2d 1x64x{spatial}x{spatial}, 64x64x3x3, pad 1": lambda: F.conv2d(
+            x_conv, w_conv, padding=1
+        ),
+        f"linear 512x{features} @ {features}x{features}": lambda: F.linear(x_lin, w_lin),
     }
     rows = []
     cache_after: dict[str, Any] = {}
@@ -470,7 +473,16 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-RUNNERS: dict[str, tuple[str, Callable[[int], dict[str, Any]]]] = {
+# --quick: toy sizes per section (a smoke test of the script, not a measurement).
+QUICK_SIZES: dict[str, dict[str, int]] = {
+    "precision": {"n": 256},
+    "blas": {"n": 256},
+    "autotune": {"spatial": 14, "features": 128},
+    "sdpa": {"length": 512},
+    "verbose": {"ops_per_sample": 100},
+}
+
+RUNNERS: dict[str, tuple[str, Callable[..., dict[str, Any]]]] = {
     "precision": ("(a) matmul.fp32_precision", bench_precision),
     "blas": ("(b) preferred_blas_library", bench_blas),
     "autotune": ("(c) benchmark (autotuning)", bench_autotune),
@@ -485,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated subset")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per section")
+    parser.add_argument("--quick", action="store_true", help="toy sizes (checks the script)")
     args = parser.parse_args(argv)
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -501,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": _load(),
         },
         "rounds": args.rounds,
+        "quick": args.quick,
         "sections": {},
     }
     machine = report["machine"]
@@ -517,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         section_start = time.perf_counter()
         try:
             with be.flags(**_current_flags()):  # every switch restored afterwards
-                result = runner(args.rounds)
+                result = runner(args.rounds, **(QUICK_SIZES.get(name, {}) if args.quick else {}))
             result["status"] = "ok"
         except NotAvailable as reason:
             result = {"status": f"not available: {reason}"}
