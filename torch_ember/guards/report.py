@@ -22,6 +22,7 @@ def _us(value: float | None) -> str:
 
 def to_dict(profile: GuardProfile, tree_depth: int | None = None) -> dict[str, Any]:
     share = profile.guard_share
+    script = profile.mode == "script"
     return {
         "schema": SCHEMA_VERSION,
         "tool": "torch_ember.guards",
@@ -35,8 +36,9 @@ def to_dict(profile: GuardProfile, tree_depth: int | None = None) -> dict[str, A
             "call_us": None if profile.call_us is None else round(profile.call_us, 3),
             "guard_share_of_call": None if share is None else round(share, 5),
             "compiled_calls": sum(e.calls for e in profile.hit_entries),
-            "total_guard_us": round(profile.total_guard_us, 3),
-            "total_compiled_frame_us": round(profile.total_body_us, 3),
+            # Script mode: sums over every recorded call (guards, compiled frames).
+            "total_guard_us": round(profile.total_guard_us, 3) if script else None,
+            "total_compiled_frame_us": round(profile.total_body_us, 3) if script else None,
             "recompiles": profile.recompile_count,
             "code_objects": len(profile.codes),
             "cache_entries": sum(len(c.entries) for c in profile.codes),
@@ -246,6 +248,18 @@ def to_html(profile: GuardProfile) -> str:
             )
             if entry.note:
                 parts.append(f"<p>{esc(entry.note)}</p>")
+            expensive = entry.expensive(8)
+            if expensive:
+                parts.append(
+                    "<table><tr><th>most expensive subtrees</th><th>us/call</th>"
+                    "<th>guards</th></tr>"
+                )
+                for node in expensive:
+                    parts.append(
+                        f"<tr><td class='mono'>{esc(node.source)}</td>"
+                        f"<td>{node.time_us or 0.0:.3f}</td><td>{node.guard_count}</td></tr>"
+                    )
+                parts.append("</table>")
             parts.append(_html_node(entry.tree, 0))
     parts.append("</body></html>")
     return "\n".join(parts)
