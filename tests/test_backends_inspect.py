@@ -156,6 +156,9 @@ def test_collect_reports_current_flag_values_in_process():
         text = info.render(report)
     assert report["flags"]["benchmark"] is True
     assert report["flags"]["benchmark_limit"] == 3
+    cache = ember_backends.benchmark_cache_info()
+    assert report["benchmark_cache"] == {"entries": cache["entries"], "limit": 3}
+    assert _row(text, "benchmark cache").startswith(f"{cache['entries']} entries (limit 3")
     assert report["flags"]["fallback"] == "warn"
     assert _row(text, "benchmark") == "True"
     assert _row(text, "benchmark_limit") == "3"

@@ -209,13 +209,16 @@ def render(info: dict[str, Any]) -> str:
         f"strategy: {settings['opt_einsum_strategy']} "
         f"(available: {settings['opt_einsum_available']})"
     )
+    cache = info["benchmark_cache"]
+    if isinstance(cache, dict):
+        cache = f"{cache['entries']} entries (limit {cache['limit']}, 0 = unbounded)"
     lines += ["", "flags (torch.backends.ember):"]
     lines += _rows(
         [
             ("deterministic", deterministic),
             ("benchmark", flags["benchmark"]),
             ("benchmark_limit", flags["benchmark_limit"]),
-            ("benchmark cache", info["benchmark_cache"]),
+            ("benchmark cache", cache),
             ("fallback", f"{flags['fallback']} (strict: {flags['strict']})"),
             ("matmul.fp32_precision", matmul),
             ("conv.fp32_precision", conv),
