@@ -45,6 +45,9 @@ class EntryProfile:
     module_guard_us: float | None = None  # cost of the guards on nn.Modules
     module_guard_count: int = 0
     body_us: float | None = None  # mean time of the compiled frame body (CLI)
+    # The guards Dynamo still runs under skip_guard_eval_unsafe (the ones that
+    # tell cache entries apart), timed like guard_us.
+    diff_guard_us: float | None = None
     measured_nodes: int = 0
     note: str = ""
 
@@ -83,6 +86,7 @@ class EntryProfile:
             "module_guard_us": _round(self.module_guard_us),
             "module_guard_count": self.module_guard_count,
             "body_us": _round(self.body_us),
+            "diff_guard_us": _round(self.diff_guard_us),
             "measured_subtrees": self.measured_nodes,
             "expensive_subtrees": [
                 {"source": n.source, "time_us": _round(n.time_us), "guard_count": n.guard_count}
@@ -134,6 +138,9 @@ class GuardProfile:
     codes: list[CodeProfile]
     call_us: float | None  # whole compiled call, per call (profile mode)
     overhead: dict[str, float]
+    # The same call with guard evaluation skipped but the differentiating
+    # guards (profile mode).
+    call_skip_guards_us: float | None = None
     advice: list[_advice.Advice] = dataclasses.field(default_factory=list)
     target: str = ""
 
@@ -149,6 +156,18 @@ class GuardProfile:
     @property
     def guard_count(self) -> int:
         return sum(e.guard_count for e in self.hit_entries)
+
+    @property
+    def guard_in_call_us(self) -> float | None:
+        """Guard cost inside the real call: whole call minus the call with guard
+        evaluation skipped, plus the differentiating guards that still ran
+        (measured in isolation). Includes what the isolated figure cannot see
+        (guard data evicted from the CPU caches by the call itself), and the
+        noise of a difference of two call times."""
+        if self.call_us is None or self.call_skip_guards_us is None:
+            return None
+        diff = sum(e.diff_guard_us or 0.0 for e in self.hit_entries)
+        return max(0.0, self.call_us - self.call_skip_guards_us) + diff
 
     @property
     def total_guard_us(self) -> float:
@@ -239,6 +258,9 @@ def _entry_profile(
         tree.time_us = profile.guard_us
         profile.measured_nodes = time_subtrees(root, tree, timer, budget=budget)
         profile.module_guard_us, profile.module_guard_count = module_guard_cost(root, tree, timer)
+        diff_root = getattr(entry.guard_manager, "diff_guard_root", None)
+        if diff_root is not None and diff_root.check(f_locals):
+            profile.diff_guard_us = timer.time_us(diff_root)
     return profile
 
 
@@ -332,12 +354,14 @@ class Profiler:
 
     ``budget``: subtrees timed per cache entry. ``warmup``: plain calls made
     before recording (the first one compiles). ``measure``: time the guards
-    (otherwise only structure and recompiles)."""
+    (otherwise only structure and recompiles). ``rounds``: alternations of
+    the whole-call timing with and without guard evaluation."""
 
-    def __init__(self, *, budget: int = 48, warmup: int = 1, measure: bool = True):
+    def __init__(self, *, budget: int = 48, warmup: int = 1, measure: bool = True, rounds: int = 4):
         self.budget = budget
         self.warmup = warmup
         self.measure = measure
+        self.rounds = rounds
 
     def profile(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:
         wall0 = time.perf_counter()
@@ -347,7 +371,7 @@ class Profiler:
             hook = FrameHook()
             with hook:
                 fn(*args, **kwargs)
-        call_ns = time_per_call_ns(lambda: fn(*args, **kwargs), batch_s=0.01, repeats=5)
+        call_ns, skipped_ns = _call_times(lambda: fn(*args, **kwargs), self.rounds)
         loop_ns = loop_overhead_ns()
         codes = collect(
             hook,
@@ -365,6 +389,7 @@ class Profiler:
             mode="profile",
             codes=codes,
             call_us=max(0.0, call_ns - loop_ns) / 1000.0,
+            call_skip_guards_us=max(0.0, skipped_ns - loop_ns) / 1000.0,
             overhead={
                 "timing_loop_us": loop_ns / 1000.0,
                 "empty_guard_check_us": min(overheads) if overheads else 0.0,
@@ -375,6 +400,19 @@ class Profiler:
         result.advice = _advice.advise(result)
         result.overhead["profiler_wall_s"] = time.perf_counter() - wall0
         return result
+
+
+def _call_times(call: Callable[[], Any], rounds: int) -> tuple[float, float]:
+    """(ns per call, ns per call with guard evaluation skipped), alternating
+    ``rounds`` times; minimum of each. Skipping uses the compiler stance
+    ``skip_guard_eval_unsafe`` (only the guards that tell cache entries apart
+    run), safe here because the inputs are the ones that just passed."""
+    with_guards, skipped = [], []
+    for _ in range(max(1, rounds)):
+        with_guards.append(time_per_call_ns(call, batch_s=0.005, repeats=3))
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            skipped.append(time_per_call_ns(call, batch_s=0.005, repeats=3))
+    return min(with_guards), min(skipped)
 
 
 def profile(compiled_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:

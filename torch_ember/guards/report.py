@@ -34,6 +34,14 @@ def to_dict(profile: GuardProfile, tree_depth: int | None = None) -> dict[str, A
             "guard_us_per_call": round(profile.guard_us, 4),
             "guard_count_per_call": profile.guard_count,
             "call_us": None if profile.call_us is None else round(profile.call_us, 3),
+            "call_skip_guards_us": (
+                None
+                if profile.call_skip_guards_us is None
+                else round(profile.call_skip_guards_us, 3)
+            ),
+            "guard_in_call_us": (
+                None if profile.guard_in_call_us is None else round(profile.guard_in_call_us, 3)
+            ),
             "guard_share_of_call": None if share is None else round(share, 5),
             "compiled_calls": sum(e.calls for e in profile.hit_entries),
             # Script mode: sums over every recorded call (guards, compiled frames).
@@ -116,6 +124,12 @@ def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
             f"  per call: guards {profile.guard_us:.3f} us of {profile.call_us:.3f} us"
             f" ({100 * share:.2f}%), {profile.guard_count} guards evaluated"
         )
+        if profile.guard_in_call_us is not None:
+            out.append(
+                f"  guards inside the real call: {profile.guard_in_call_us:.3f} us (call"
+                f" {profile.call_us:.3f} us - call with guard evaluation skipped"
+                f" {profile.call_skip_guards_us:.3f} us + differentiating guards)"
+            )
     else:
         calls = sum(e.calls for e in profile.hit_entries)
         share = profile.guard_share
