@@ -9,6 +9,8 @@
 
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
+#include "flags/BackendFlags.h"
+#include "observe/OpLog.h"
 
 namespace ember {
 namespace {
@@ -19,6 +21,7 @@ namespace rt = ember::runtime;
 // deleter; the deleter then also tells which pool a pointer came from.
 template <int Index>
 void free_on_device(void* block) {
+  if (flags::verbose_level() >= 2) observe::log_free(Index, block);
   rt::device(Index).allocator().free(static_cast<rt::Block*>(block));
 }
 
@@ -49,6 +52,9 @@ CpuKernelHeader* header_of(void* data) {
 void free_cpu_kernel_block(void* data) {
   CpuKernelHeader* header = header_of(data);
   header->magic = 0;
+  if (flags::verbose_level() >= 2) {
+    observe::log_free(static_cast<int>(header->device), data);
+  }
   rt::device(static_cast<int>(header->device)).allocator().free(header->block);
 }
 
@@ -79,6 +85,9 @@ c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
   if (allocation.block == nullptr) {
     return c10::DataPtr(nullptr, tag_device);
   }
+  if (flags::verbose_level() >= 2) {
+    observe::log_allocation(device, nbytes, allocation.ptr);
+  }
   return c10::DataPtr(allocation.ptr, allocation.block, kDeleters[device],
                       tag_device);
 }
@@ -94,6 +103,8 @@ c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(
   auto* header = new (allocation.ptr)
       CpuKernelHeader{CpuKernelHeader::kMagic, device, allocation.block};
   void* data = header + 1;
+  if (flags::verbose_level() >= 2)
+    observe::log_allocation(device, nbytes, data);
   return c10::DataPtr(data, data, &free_cpu_kernel_block, cpu);
 }
 

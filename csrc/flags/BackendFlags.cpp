@@ -148,7 +148,10 @@ Fp32Precision matmul_fp32_precision() {
   return resolve(g_matmul_precision.load(std::memory_order_relaxed));
 }
 Fp32Precision conv_fp32_precision() {
-  return resolve(g_conv_precision.load(std::memory_order_relaxed));
+  const Fp32Precision precision =
+      resolve(g_conv_precision.load(std::memory_order_relaxed));
+  // "high" may resolve to bf16x3, which convolutions do not offer.
+  return precision == Fp32Precision::kBf16x3 ? Fp32Precision::kIeee : precision;
 }
 bool matmul_fp32_precision_is_set() {
   return g_matmul_precision.load(std::memory_order_relaxed) != kFollowGlobal;
@@ -163,6 +166,11 @@ void set_matmul_fp32_precision(const std::string& value) {
   g_matmul_precision.store(parse_precision(value));
 }
 void set_conv_fp32_precision(const std::string& value) {
+  // No bf16 convolution with an fp32 result is reachable through ATen, so a
+  // three-term split would round each term to bf16: refused, not faked.
+  TORCH_CHECK_VALUE(value != "bf16x3",
+                    "conv.fp32_precision must be one of 'ieee', 'bf16' or ",
+                    "'none' ('bf16x3' is for matmul only), got '", value, "'");
   g_conv_precision.store(parse_precision(value));
 }
 bool bf16x3_is_faster() { return g_bf16x3_faster.load(); }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string_view>
 
+#include "observe/ExecutionPath.h"
 #include "ops/CpuAlias.h"
 
 namespace ember {
@@ -20,7 +21,9 @@ class DelegationCall final {
   DelegationCall(std::string_view op_name, bool accepts_cpu_tensors)
       : op_name_(op_name),
         accepts_cpu_tensors_(accepts_cpu_tensors),
-        scope_(-1) {}
+        scope_(-1) {
+    observe::mark_path(observe::ExecutionPath::kDelegated);
+  }
 
   // An argument on its way to the CPU kernel: ember tensors become aliases,
   // CPU tensors pass if CUDA would accept them here. The argument must

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
 
 namespace ember {
 namespace {
@@ -22,10 +23,11 @@ std::map<std::string, FallbackCount>& counts() {
 }  // namespace
 
 void record_fallback_copy(const std::string& op, int64_t bytes) {
+  observe::mark_path(observe::ExecutionPath::kCopied);
   const auto policy = flags::fallback_policy();
   TORCH_CHECK(policy != flags::FallbackPolicy::kError,
-              "ember fallback policy 'error': ", op,
-              " would copy its result (", bytes,
+              "ember fallback policy 'error': ", op, " would copy its result (",
+              bytes,
               " bytes) instead of running in place on ember memory. Set "
               "torch.backends.ember.fallback = 'allow' (or unset "
               "EMBER_STRICT) to allow it.");

@@ -40,6 +40,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm.out", TORCH_FN(kernels::addmm_out));
   m.impl("bmm.out", TORCH_FN(kernels::bmm_out));
   m.impl("baddbmm.out", TORCH_FN(kernels::baddbmm_out));
+  m.impl("convolution", TORCH_FN(kernels::convolution));
   m.impl("_has_compatible_shallow_copy_type",
          TORCH_FN(kernels::has_compatible_shallow_copy_type));
 }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/CpuAllocationCapture.h"
+#include "ops/CpuDelegation.h"
 #include "ops/DelegationCall.h"
 #include "ops/DeviceScope.h"
 
@@ -142,6 +143,18 @@ at::Tensor& custom_out(std::string_view name, Kernel&& kernel, at::Tensor& out,
   });
   call.write_back();
   return out;
+}
+
+// The boxed CPU delegation, called from a typed kernel (for ops whose
+// default path is the generic one, e.g. out= variants): returns the stack.
+template <class... Args>
+torch::jit::Stack boxed(const c10::OperatorHandle& op, const Args&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Args));
+  (stack.emplace_back(args), ...);
+  cpu_delegation_fallback(
+      op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  return stack;
 }
 
 }  // namespace ember::unboxed

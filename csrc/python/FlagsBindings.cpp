@@ -6,6 +6,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "flags/BackendFlags.h"
+#include "observe/OpLog.h"
+#include "ops/kernels/tuning/Autotune.h"
 
 namespace py = pybind11;
 
@@ -28,7 +30,29 @@ flags::FallbackPolicy parse_fallback(const std::string& name) {
 }
 }  // namespace
 
+py::dict benchmark_cache_info() {
+  py::list choices;
+  const auto entries = tuning::cache_entries();
+  for (const auto& entry : entries) {
+    py::dict d;
+    d["op"] = entry.op;
+    d["signature"] = entry.signature;
+    d["algorithm"] = entry.algorithm;
+    py::dict timings;
+    for (const auto& [name, us] : entry.timings_us) timings[name.c_str()] = us;
+    d["timings_us"] = timings;
+    choices.append(d);
+  }
+  py::dict info;
+  info["entries"] = entries.size();
+  info["limit"] = flags::benchmark_limit();
+  info["choices"] = choices;
+  return info;
+}
+
 void bind_flags(py::module& parent) {
+  parent.def("benchmark_cache_info", &benchmark_cache_info);
+  parent.def("clear_benchmark_cache", &tuning::clear_cache);
   auto m = parent.def_submodule("flags", "torch.backends.ember switches");
   m.def("deterministic", &flags::deterministic_flag);
   m.def("effective_deterministic", &flags::deterministic);
@@ -51,7 +75,11 @@ void bind_flags(py::module& parent) {
     flags::set_blas_library(parse_blas(name));
   });
   m.def("verbose", &flags::verbose_level);
-  m.def("set_verbose", &flags::set_verbose_level);
+  m.def("set_verbose", [](int level) {
+    flags::set_verbose_level(level);
+    observe::sync_op_log();
+  });
+  observe::sync_op_log();  // EMBER_VERBOSE at start-up
   m.def("fallback",
         [] { return std::string(flags::to_string(flags::fallback_policy())); });
   m.def("set_fallback", [](const std::string& name) {

@@ -1,12 +1,12 @@
 // torch_ember._C: the Python face of the C++ core. Thin by design: every
 // function forwards to the runtime or the glue layer.
 #include <ATen/autocast_mode.h>
+#include <ATen/ops/ones.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-#include <ATen/ops/ones.h>
 #include <torch/csrc/Event.h>
-#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "core/CpuAllocationCapture.h"
@@ -18,6 +18,7 @@
 #include "ember/runtime/device.h"
 #include "ops/FallbackStats.h"
 #include "ops/RegisterEmberOps.h"
+#include "ops/kernels/tuning/Autotune.h"
 
 namespace py = pybind11;
 
@@ -123,11 +124,10 @@ void drain_autograd_device_threads() {
   py::gil_scoped_release no_gil;
   at::AutoGradMode grad_mode(true);
   for (int device = 0; device < rt::device_count(); ++device) {
-    at::Tensor x =
-        at::ones({1}, at::TensorOptions().device(c10::Device(
-                          c10::DeviceType::PrivateUse1,
-                          static_cast<c10::DeviceIndex>(device))))
-            .requires_grad_(true);
+    at::Tensor x = at::ones({1}, at::TensorOptions().device(c10::Device(
+                                     c10::DeviceType::PrivateUse1,
+                                     static_cast<c10::DeviceIndex>(device))))
+                       .requires_grad_(true);
     torch::autograd::grad({x.sum()}, {x});
   }
 }
@@ -167,7 +167,12 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def("memory_stats", &memory_stats);
-  m.def("empty_cache", [] { device_allocator()->emptyCache(); });
+  m.def("empty_cache", [] {
+    // Like torch.cuda.empty_cache freeing cuDNN's workspace: the autotuning
+    // cache goes too.
+    tuning::clear_cache();
+    device_allocator()->emptyCache();
+  });
   m.def("reset_peak_memory_stats", [](int device) {
     device_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
   });

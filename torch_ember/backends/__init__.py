@@ -39,6 +39,9 @@ from torch_ember.backends._inspect import (
 _flags = _C.flags
 
 FP32_PRECISIONS = ("ieee", "bf16", "bf16x3", "none")
+# bf16x3 needs an fp32 result per bf16 product, which ATen's convolutions
+# do not offer (csrc/flags/BackendFlags.cpp).
+CONV_FP32_PRECISIONS = ("ieee", "bf16", "none")
 FALLBACK_POLICIES = ("allow", "warn", "error")
 BLAS_LIBRARIES = ("default", "mkl", "onednn")
 
@@ -64,7 +67,7 @@ def _no_such_attribute(owner: str, name: str, known: list[str]) -> AttributeErro
 
 class _Fp32Precision:
     """``torch.backends.ember.matmul`` / ``.conv``: ``fp32_precision`` in
-    {"ieee", "bf16", "bf16x3", "none"}; "none" follows
+    {"ieee", "bf16", "bf16x3" (matmul only), "none"}; "none" follows
     ``torch.set_float32_matmul_precision`` ("highest" -> ieee, "medium" ->
     bf16, "high" -> bf16x3 where that beats ieee on this CPU, else ieee)."""
 

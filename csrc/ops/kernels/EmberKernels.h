@@ -75,6 +75,14 @@ at::Tensor& baddbmm_out(const at::Tensor& self, const at::Tensor& a,
                         const at::Tensor& b, const at::Scalar& beta,
                         const at::Scalar& alpha, at::Tensor& out);
 
+// Convolution.cpp: CPU's convolution, or ember's algorithm choice under
+// conv.fp32_precision / benchmark.
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias,
+                       c10::SymIntArrayRef stride, c10::SymIntArrayRef padding,
+                       c10::SymIntArrayRef dilation, bool transposed,
+                       c10::SymIntArrayRef output_padding, c10::SymInt groups);
+
 // Attention.cpp
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          const at::Tensor& value,

@@ -11,7 +11,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm_ops.h>
 
-#include "ops/CpuDelegation.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/matmul/GemmEngine.h"
@@ -66,18 +65,18 @@ void product_out(const char* op, at::Tensor& out, const at::Tensor& self,
 
 // The out= default: the boxed CPU delegation every out= op takes.
 template <class... Args>
-at::Tensor& delegate_out(const char* name, at::Tensor& out,
+at::Tensor& delegate_out(const c10::OperatorHandle& op, at::Tensor& out,
                          const Args&... args) {
-  static const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(name, "out");
-  torch::jit::Stack stack;
-  stack.reserve(sizeof...(Args) + 1);
-  (stack.emplace_back(args), ...);
-  stack.emplace_back(out);
-  cpu_delegation_fallback(
-      op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+  unboxed::boxed(op, args..., out);
   return out;
 }
+
+#define EMBER_OUT_OP(name)                                           \
+  [] {                                                               \
+    static const c10::OperatorHandle op =                            \
+        c10::Dispatcher::singleton().findSchemaOrThrow(name, "out"); \
+    return op;                                                       \
+  }()
 
 }  // namespace
 
@@ -127,7 +126,7 @@ at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
 
 at::Tensor& mm_out(T a, T b, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
-    return delegate_out("aten::mm", out, a, b);
+    return delegate_out(EMBER_OUT_OP("aten::mm"), out, a, b);
   }
   return unboxed::custom_out(
       "aten::mm.out",
@@ -139,7 +138,8 @@ at::Tensor& mm_out(T a, T b, at::Tensor& out) {
 
 at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
-    return delegate_out("aten::addmm", out, self, a, b, beta, alpha);
+    return delegate_out(EMBER_OUT_OP("aten::addmm"), out, self, a, b, beta,
+                        alpha);
   }
   return unboxed::custom_out(
       "aten::addmm.out",
@@ -151,7 +151,7 @@ at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
 
 at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
-    return delegate_out("aten::bmm", out, a, b);
+    return delegate_out(EMBER_OUT_OP("aten::bmm"), out, a, b);
   }
   return unboxed::custom_out(
       "aten::bmm.out",
@@ -163,7 +163,8 @@ at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
 
 at::Tensor& baddbmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
-    return delegate_out("aten::baddbmm", out, self, a, b, beta, alpha);
+    return delegate_out(EMBER_OUT_OP("aten::baddbmm"), out, self, a, b, beta,
+                        alpha);
   }
   return unboxed::custom_out(
       "aten::baddbmm.out",

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
 #include "ops/kernels/tuning/Autotune.h"
 
 // Exported by libtorch_cpu (TORCH_API), but its header is not installed:
@@ -332,6 +333,7 @@ void gemm(const char* op, const at::Tensor& out, const at::Tensor& a,
   }
   t_last_route = std::string(library_name(library)) + "/" +
                  flags::to_string(precision) + (deterministic ? "/tiled" : "");
+  observe::mark_path(observe::ExecutionPath::kNative, t_last_route.c_str());
   run(out, a, b, self, beta, alpha, library, precision, deterministic);
 }
 

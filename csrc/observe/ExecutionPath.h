@@ -1,0 +1,25 @@
+// How the op being executed ran on ember, for torch.backends.ember.verbose:
+// kernels mark it on the calling thread, the op log reads it when the op
+// ends. A thread-local store: free enough to do unconditionally.
+#pragma once
+
+namespace ember::observe {
+
+enum class ExecutionPath : unsigned char {
+  kUnmarked,   // ember's own registered kernel, or a composite of other ops
+  kNative,     // ember's own kernel (engine path, details in route)
+  kDelegated,  // CPU's kernel on aliases of ember memory, zero-copy
+  kCopied,     // CPU's kernel, with a result copied back (counted fallback)
+};
+
+inline thread_local ExecutionPath t_path = ExecutionPath::kUnmarked;
+inline thread_local const char* t_route = nullptr;  // e.g. "onednn/bf16"
+
+inline void mark_path(ExecutionPath path, const char* route = nullptr) {
+  // A copy is the most telling fact about a call: never downgrade it.
+  if (t_path == ExecutionPath::kCopied) return;
+  t_path = path;
+  if (route != nullptr) t_route = route;
+}
+
+}  // namespace ember::observe

@@ -1,0 +1,163 @@
+// aten::convolution on ember. By default CPU's whole convolution path on
+// aliases (ATen picks oneDNN, im2col or depthwise kernels). When
+// torch.backends.ember asks for it, ember picks the 2-D forward algorithm
+// itself: conv.fp32_precision = "bf16" (bf16 operands, fp32 accumulation)
+// or benchmark = True (time oneDNN against ATen's im2col+GEMM kernel).
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_slow_conv2d_forward.h>
+#include <ATen/ops/mkldnn_convolution.h>
+#include <ATen/ops/slow_conv_dilated2d.h>
+
+#include <sstream>
+#include <vector>
+
+#include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
+#include "ops/UnboxedDelegation.h"
+#include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/tuning/Autotune.h"
+
+namespace ember::kernels {
+namespace {
+
+using flags::Fp32Precision;
+
+struct ConvParams {
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+};
+
+bool engine_applies(const at::Tensor& input, const at::Tensor& weight,
+                    bool transposed) {
+  if (transposed || input.dim() != 4 || input.scalar_type() != at::kFloat ||
+      weight.scalar_type() != at::kFloat) {
+    return false;
+  }
+  return flags::benchmark() ||
+         flags::conv_fp32_precision() == Fp32Precision::kBf16;
+}
+
+at::Tensor with_bias(at::Tensor out, const std::optional<at::Tensor>& bias) {
+  if (bias.has_value() && bias->defined()) {
+    out.add_(bias->view({1, -1, 1, 1}));
+  }
+  return out;
+}
+
+at::Tensor onednn_conv(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias,
+                       const ConvParams& p, Fp32Precision precision) {
+  if (precision == Fp32Precision::kBf16) {
+    // Bias is added in fp32, after the bf16 convolution.
+    at::Tensor out = at::mkldnn_convolution(
+        input.to(at::kBFloat16), weight.to(at::kBFloat16), std::nullopt,
+        p.padding, p.stride, p.dilation, p.groups);
+    return with_bias(out.to(at::kFloat), bias);
+  }
+  return at::mkldnn_convolution(input, weight, bias, p.padding, p.stride,
+                                p.dilation, p.groups);
+}
+
+// ATen's own im2col + GEMM kernels (groups == 1 only).
+at::Tensor im2col_conv(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias,
+                       const ConvParams& p) {
+  const std::vector<int64_t> kernel{weight.size(2), weight.size(3)};
+  const bool dilated = p.dilation[0] != 1 || p.dilation[1] != 1;
+  at::Tensor out =
+      dilated ? at::slow_conv_dilated2d(input, weight, kernel, bias, p.stride,
+                                        p.padding, p.dilation)
+              : at::_slow_conv2d_forward(input.contiguous(), weight, kernel,
+                                         bias, p.stride, p.padding);
+  return out.contiguous(input.suggest_memory_format());
+}
+
+std::string signature(const at::Tensor& input, const at::Tensor& weight,
+                      bool has_bias, const ConvParams& p,
+                      Fp32Precision precision) {
+  std::ostringstream s;
+  s << "input" << input.sizes() << input.strides() << " weight"
+    << weight.sizes() << weight.strides() << (has_bias ? " bias" : "")
+    << " stride" << c10::IntArrayRef(p.stride) << " padding"
+    << c10::IntArrayRef(p.padding) << " dilation"
+    << c10::IntArrayRef(p.dilation) << " groups " << p.groups << " "
+    << flags::to_string(precision);
+  return s.str();
+}
+
+at::Tensor engine_conv(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias,
+                       const ConvParams& p) {
+  const Fp32Precision precision = flags::conv_fp32_precision();
+  observe::mark_path(
+      observe::ExecutionPath::kNative,
+      precision == Fp32Precision::kBf16 ? "onednn/bf16" : nullptr);
+  const bool im2col_possible =
+      p.groups == 1 && precision == Fp32Precision::kIeee;
+  if (!flags::benchmark() || !im2col_possible) {
+    if (precision != Fp32Precision::kBf16) {
+      observe::mark_path(observe::ExecutionPath::kNative, "onednn");
+    }
+    return onednn_conv(input, weight, bias, p, precision);
+  }
+  const std::vector<tuning::Candidate> candidates{
+      {"onednn", [&] { onednn_conv(input, weight, bias, p, precision); }},
+      {"im2col", [&] { im2col_conv(input, weight, bias, p); }},
+  };
+  const size_t choice = tuning::choose(
+      "convolution",
+      signature(input, weight, bias.has_value() && bias->defined(), p,
+                precision),
+      candidates);
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     choice == 0 ? "onednn" : "im2col");
+  return choice == 0 ? onednn_conv(input, weight, bias, p, precision)
+                     : im2col_conv(input, weight, bias, p);
+}
+
+std::vector<int64_t> concrete(c10::SymIntArrayRef values) {
+  std::vector<int64_t> out;
+  for (const auto& v : values) out.push_back(v.guard_int(__FILE__, __LINE__));
+  return out;
+}
+
+}  // namespace
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias,
+                       c10::SymIntArrayRef stride, c10::SymIntArrayRef padding,
+                       c10::SymIntArrayRef dilation, bool transposed,
+                       c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+  if (!engine_applies(input, weight, transposed)) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+    return unboxed::boxed(op, input, weight, bias, stride, padding, dilation,
+                          transposed, output_padding, groups)
+        .back()
+        .toTensor();
+  }
+  ConvParams params{concrete(stride), concrete(padding), concrete(dilation),
+                    groups.guard_int(__FILE__, __LINE__)};
+  // Argument validation (shapes, channels, groups) is CPU's: an invalid
+  // call never reaches the engine.
+  if (params.stride.size() != 2 || params.padding.size() != 2 ||
+      params.dilation.size() != 2 || weight.dim() != 4 ||
+      input.size(1) != weight.size(1) * params.groups) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+    return unboxed::boxed(op, input, weight, bias, stride, padding, dilation,
+                          transposed, output_padding, groups)
+        .back()
+        .toTensor();
+  }
+  return unboxed::custom<at::Tensor>(
+      "aten::convolution",
+      [&](const at::Tensor& x, const at::Tensor& w,
+          const std::optional<at::Tensor>& b) {
+        return engine_conv(x, w, b, params);
+      },
+      input, weight, bias);
+}
+
+}  // namespace ember::kernels
