@@ -21,7 +21,7 @@ from torch_ember.guards.timing import GuardTimer
 from torch_ember.guards.tree import build_tree, count_by_kind
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FAST = guards.Profiler(budget=8)
+FAST = guards.Profiler(budget=8, rounds=1)
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +133,8 @@ def test_profiler_overhead_is_reported_and_excluded():
     assert report.overhead["timing_loop_us"] > 0
     assert report.guard_us == pytest.approx(entry.guard_us)
     assert 0 < report.guard_share < 1
+    # The in-call cross-check ran (the call again with guard evaluation skipped).
+    assert report.call_skip_guards_us is not None and report.guard_in_call_us is not None
     # The overhead is what checking no guards at all costs: subtracting it
     # leaves (close to) nothing for an empty guard manager.
     from torch._C._dynamo.guards import RootGuardManager
@@ -183,8 +185,10 @@ def test_float_attribute_and_recompile_limit_advice():
     assert code.limit_hit is not None
     (limit,) = _advice(report, "recompile_limit")
     assert limit.severity == "high"
-    # With the cache full, the profiled call (scale 1.1) ran eagerly.
+    # With the cache full, the profiled call (scale 1.1) ran eagerly; Dynamo
+    # refuses the skip-guards stance for it, so there is no in-call figure.
     assert code.ran_eagerly and _advice(report, "ran_eagerly")
+    assert report.guard_in_call_us is None
 
 
 def test_recompile_events_are_split_per_recompile(monkeypatch):

@@ -371,7 +371,9 @@ class Profiler:
             hook = FrameHook()
             with hook:
                 fn(*args, **kwargs)
-        call_ns, skipped_ns = _call_times(lambda: fn(*args, **kwargs), self.rounds)
+        call_ns, skipped_ns = _call_times(
+            lambda: fn(*args, **kwargs), self.rounds, skip=bool(hook.stats)
+        )
         loop_ns = loop_overhead_ns()
         codes = collect(
             hook,
@@ -389,7 +391,9 @@ class Profiler:
             mode="profile",
             codes=codes,
             call_us=max(0.0, call_ns - loop_ns) / 1000.0,
-            call_skip_guards_us=max(0.0, skipped_ns - loop_ns) / 1000.0,
+            call_skip_guards_us=(
+                None if skipped_ns is None else max(0.0, skipped_ns - loop_ns) / 1000.0
+            ),
             overhead={
                 "timing_loop_us": loop_ns / 1000.0,
                 "empty_guard_check_us": min(overheads) if overheads else 0.0,
@@ -402,17 +406,26 @@ class Profiler:
         return result
 
 
-def _call_times(call: Callable[[], Any], rounds: int) -> tuple[float, float]:
+def _call_times(call: Callable[[], Any], rounds: int, skip: bool) -> tuple[float, float | None]:
     """(ns per call, ns per call with guard evaluation skipped), alternating
     ``rounds`` times; minimum of each. Skipping uses the compiler stance
     ``skip_guard_eval_unsafe`` (only the guards that tell cache entries apart
-    run), safe here because the inputs are the ones that just passed."""
-    with_guards, skipped = [], []
+    run), safe here because the inputs are the ones that just passed. Dynamo
+    refuses that stance for a call that would compile (e.g. one that runs
+    eagerly because the recompile limit was hit): then the second is None."""
+    with_guards: list[float] = []
+    skipped: list[float] = []
     for _ in range(max(1, rounds)):
         with_guards.append(time_per_call_ns(call, batch_s=0.005, repeats=3))
-        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
-            skipped.append(time_per_call_ns(call, batch_s=0.005, repeats=3))
-    return min(with_guards), min(skipped)
+        if not skip:
+            continue
+        try:
+            with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+                skipped.append(time_per_call_ns(call, batch_s=0.005, repeats=3))
+        except RuntimeError:
+            skip = False
+            skipped.clear()
+    return min(with_guards), (min(skipped) if skipped else None)
 
 
 def profile(compiled_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:
