@@ -240,7 +240,7 @@ def test_optimize_keeps_outputs_bitwise_and_drops_module_guards(device):
     model = Deep().to(device).eval()
     x = torch.randn(3, 8, device=device)
     with torch.no_grad():
-        fast = guards.optimize(model, (x,), backend="eager")
+        fast = guards.optimize(model, (x,), backend="eager", profiler=FAST)
         result = fast.guard_report
         assert result.outputs_equal
         before, after = result.before.guard_count, result.after.guard_count

@@ -170,7 +170,7 @@ def optimize(
     example_kwargs: dict[str, Any] | None = None,
     backend: Any = "inductor",
     dynamic: bool | None = None,
-    budget: int = 16,
+    profiler: Profiler | None = None,
 ) -> Callable[..., Any]:
     """Compiles ``model`` with the guard reductions that are safe for ``mode``.
 
@@ -184,7 +184,8 @@ def optimize(
     ``example_kwargs`` are required: the reductions are verified and measured
     on them. ``backend``/``dynamic`` are passed to ``torch.compile``; guards do
     not depend on the backend, so ``"eager"`` or ``"aot_eager"`` work for any
-    device.
+    device. ``profiler`` measures before and after (default:
+    ``Profiler(budget=16)``).
     """
     if mode not in MODES:
         raise ValueError(f"optimize: mode must be one of {MODES}, got {mode!r}")
@@ -200,7 +201,7 @@ def optimize(
         )
 
     eager_out = model(*args, **kwargs)
-    profiler = Profiler(budget=budget)
+    profiler = profiler or Profiler(budget=16)
 
     plain = torch.compile(
         _own_code_wrapper(model, "ember_guards_plain"), backend=backend, dynamic=dynamic
