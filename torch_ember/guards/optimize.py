@@ -13,10 +13,11 @@ calls of the same model class):
     drops the guards on nn.Modules, their attributes, submodules, parameters
     and buffers. Guards on the inputs (shapes, dtypes, devices, strides), on
     globals and on global state (grad mode, autocast...) stay.
-  - ``torch._dynamo.config.install_free_tensors=True`` while compiling:
+  - ``torch._dynamo.config.install_free_tensors=True`` while compiling
+    (except for the ``eager``/``aot_eager`` backends, see ``free_tensors``):
     parameters and buffers become attributes of the graph instead of values
-    looked up on the module at every call, so skipping their guards does not
-    leave the compiled code reading them unguarded.
+    looked up on the module and passed in at every call, so skipping their
+    guards does not leave the compiled code reading them unguarded.
 
 It checks that the optimized outputs are bitwise equal to the plain compiled
 ones on the example inputs (raising otherwise), and measures guard time and
@@ -46,6 +47,11 @@ from .profiler import GuardProfile, Profiler
 _counter = itertools.count()
 
 MODES = ("inference",)
+
+# Backends that run the FX graph in Python: there installed free tensors are
+# nn.Module attribute reads on every call (measured: ~45 us more per call on
+# benchmarks/guards.py's model), so optimize() does not install them.
+_PYTHON_GRAPH_BACKENDS = ("eager", "aot_eager")
 
 
 @dataclasses.dataclass
@@ -170,6 +176,7 @@ def optimize(
     example_kwargs: dict[str, Any] | None = None,
     backend: Any = "inductor",
     dynamic: bool | None = None,
+    free_tensors: bool | None = None,
     profiler: Profiler | None = None,
 ) -> Callable[..., Any]:
     """Compiles ``model`` with the guard reductions that are safe for ``mode``.
@@ -184,8 +191,11 @@ def optimize(
     ``example_kwargs`` are required: the reductions are verified and measured
     on them. ``backend``/``dynamic`` are passed to ``torch.compile``; guards do
     not depend on the backend, so ``"eager"`` or ``"aot_eager"`` work for any
-    device. ``profiler`` measures before and after (default:
-    ``Profiler(budget=16)``).
+    device. ``free_tensors``: install free tensors while compiling (default:
+    yes, except for the backends that run the graph op by op in Python,
+    ``"eager"`` and ``"aot_eager"``, where reading the installed tensors as
+    graph-module attributes costs more per call than it saves).
+    ``profiler`` measures before and after (default: ``Profiler(budget=16)``).
     """
     if mode not in MODES:
         raise ValueError(f"optimize: mode must be one of {MODES}, got {mode!r}")
@@ -209,17 +219,18 @@ def optimize(
     plain_out = plain(*args, **kwargs)
     before = profiler.profile(plain, *args, **kwargs)
 
-    reductions = [
-        "guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe",
-        "torch._dynamo.config.install_free_tensors=True (while compiling)",
-    ]
+    if free_tensors is None:
+        free_tensors = not (isinstance(backend, str) and backend in _PYTHON_GRAPH_BACKENDS)
+    reductions = ["guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe"]
+    if free_tensors:
+        reductions.append("torch._dynamo.config.install_free_tensors=True (while compiling)")
     fast = torch.compile(
         _own_code_wrapper(model, "ember_guards_frozen"),
         backend=backend,
         dynamic=dynamic,
         options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
     )
-    with torch._dynamo.config.patch(install_free_tensors=True):
+    with torch._dynamo.config.patch(install_free_tensors=free_tensors):
         fast_out = fast(*args, **kwargs)
     after = profiler.profile(fast, *args, **kwargs)
 
