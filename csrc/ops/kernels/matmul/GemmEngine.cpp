@@ -30,8 +30,29 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
                              const at::Tensor& result, float beta, float alpha);
 }  // namespace at::native
 
+// From the OpenMP runtime torch runs on (libgomp, linked explicitly).
+extern "C" {
+void omp_set_num_threads(int threads);
+int omp_get_max_threads();
+}
+
 namespace ember::matmul {
 namespace {
+
+// Inside a tile, the libraries must see one thread: oneDNN sizes its
+// K-split from omp_get_max_threads() even where the region is nested and
+// runs serially, which would tie the summation order to the thread count.
+// The setting is per OpenMP thread (its own ICV), so this is local.
+class OneOmpThread {
+ public:
+  OneOmpThread() : previous_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(previous_); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int previous_;
+};
 
 using flags::Fp32Precision;
 
@@ -127,7 +148,7 @@ void bf16_products(const at::Tensor& out,
 void onednn_gemm(const at::Tensor& out, const at::Tensor& a,
                  const at::Tensor& b, const at::Tensor& self,
                  const at::Scalar& beta, const at::Scalar& alpha,
-                 Fp32Precision precision) {
+                 Fp32Precision precision, bool exact_products) {
   const bool has_self = self.defined() && beta.toDouble() != 0.0;
   if (a.scalar_type() != at::kFloat || precision == Fp32Precision::kIeee) {
     // out = beta * out + alpha * (a @ b), with out seeded from self.
@@ -164,8 +185,22 @@ void onednn_gemm(const at::Tensor& out, const at::Tensor& a,
       product.copy_(self.expand_as(product));
       if (beta.toDouble() != 1.0) product.mul_(beta);
     }
-    bf16_products(product, {{a_lo, b_hi}, {a_hi, b_lo}, {a_hi, b_hi}},
-                  /*accumulate=*/direct && has_self);
+    if (exact_products) {
+      // The same three products on the fp32 GEMM, where each bf16 x bf16
+      // product is exact: used under determinism, because the bf16 -> fp32
+      // kernel's results were measured to depend on the thread count.
+      bool add = direct && has_self;
+      for (const auto& [lhs, rhs] :
+           {std::pair{a_lo, b_hi}, std::pair{a_hi, b_lo},
+            std::pair{a_hi, b_hi}}) {
+        const at::Tensor l = lhs.to(at::kFloat), r = rhs.to(at::kFloat);
+        add ? at::addmm_out(product, product, l, r) : at::mm_out(product, l, r);
+        add = true;
+      }
+    } else {
+      bf16_products(product, {{a_lo, b_hi}, {a_hi, b_lo}, {a_hi, b_hi}},
+                    /*accumulate=*/direct && has_self);
+    }
     accumulated = direct;
   }
   if (accumulated) return;
@@ -182,11 +217,11 @@ void onednn_gemm(const at::Tensor& out, const at::Tensor& a,
 void gemm_once(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                const at::Tensor& self, const at::Scalar& beta,
                const at::Scalar& alpha, Library library,
-               Fp32Precision precision) {
+               Fp32Precision precision, bool deterministic) {
   if (library == Library::kAten) {
     aten_gemm(out, a, b, self, beta, alpha);
   } else {
-    onednn_gemm(out, a, b, self, beta, alpha, precision);
+    onednn_gemm(out, a, b, self, beta, alpha, precision, deterministic);
   }
 }
 
@@ -228,7 +263,7 @@ void gemm_tiled(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
           rhs = rhs.narrow(1, c, nc);
           if (s.defined()) s = s.narrow(0, r, nr).narrow(1, c, nc);
           // The tile always goes through the 2-D entry point.
-          gemm_once(o, lhs, rhs, s, beta, alpha, library, precision);
+          gemm_once(o, lhs, rhs, s, beta, alpha, library, precision, true);
         }
       });
 }
@@ -240,7 +275,7 @@ void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
   if (deterministic) {
     gemm_tiled(out, a, b, self, beta, alpha, library, precision);
   } else {
-    gemm_once(out, a, b, self, beta, alpha, library, precision);
+    gemm_once(out, a, b, self, beta, alpha, library, precision, false);
   }
 }
 
@@ -279,8 +314,9 @@ void probe_bf16x3_once() {
       return best;
     };
     const double ieee = best_us([&] { at::mm_out(out, a, b); });
-    const double bf16x3 = best_us(
-        [&] { onednn_gemm(out, a, b, none, 0, 1, Fp32Precision::kBf16x3); });
+    const double bf16x3 = best_us([&] {
+      onednn_gemm(out, a, b, none, 0, 1, Fp32Precision::kBf16x3, false);
+    });
     flags::set_bf16x3_is_faster(bf16x3 < ieee);
   });
 }
