@@ -60,9 +60,10 @@ class EntryProfile:
         return count_by_kind(self.tree)
 
     def expensive(self, top: int = 8) -> list[GuardNode]:
-        """The measured subtrees that cost the most, deepest first among equals:
-        a node is listed only if none of its measured children explains most
-        of its time."""
+        """The measured subtrees that cost the most. A node whose cost is
+        mostly (>= 70%) one measured child is left out in favour of that
+        child, so chains of single accessors (``L['self']`` ->
+        ``L['self'].__dict__`` -> ...) are named once, at their end."""
         nodes = [n for n in self.tree.walk() if n is not self.tree and n.time_us is not None]
         picked = []
         for node in nodes:
@@ -182,6 +183,8 @@ class GuardProfile:
     @property
     def guard_share(self) -> float | None:
         """Guard time as a fraction of the whole compiled call."""
+        if not any(e.guard_us is not None for e in self.hit_entries):
+            return None
         if self.call_us:
             return self.guard_us / self.call_us
         whole = self.total_guard_us + self.total_body_us
