@@ -72,9 +72,13 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
         for position, (_, reason) in enumerate(event.reasons):
             primary = position == 0
             if match := _SIZE.search(reason):
+                # Sizes come from every refused entry; the recompile counts
+                # for this dimension only if it caused it.
                 key = (match["name"], int(match["dim"]))
                 dims.setdefault(key, []).append((match["expected"], match["actual"]))
-                dim_events.setdefault(key, set()).add(event.index)
+                dim_events.setdefault(key, set())
+                if primary:
+                    dim_events[key].add(event.index)
             elif primary and (match := _SYMBOLIC_SIZE.search(reason)):
                 key = (match["name"], int(match["dim"]))
                 dims.setdefault(key, [])
@@ -100,6 +104,8 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
     out = []
     for (name, dim), pairs in sorted(dims.items(), key=lambda kv: -len(dim_events[kv[0]])):
         count = len(dim_events[(name, dim)])
+        if count == 0:
+            continue
         values = _values(pairs)
         seen = f" (sizes seen: {', '.join(values)})" if values else ""
         fix = f"torch._dynamo.mark_dynamic({name}, {dim})  # before the first compiled call"
