@@ -82,3 +82,11 @@ def is_strict() -> bool:
 
 
 __all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]
+
+# --------------------------------------------------------------------------- torch.compile
+# Registers ember with Dynamo (device interface) and Inductor (C++ kernels on ember
+# memory) when PyTorch first imports them; costs nothing until then. See
+# torch_ember/compile/__init__.py and docs/compile.md.
+from torch_ember import compile as _compile
+
+_compile.register(lazy=True)

@@ -338,3 +338,37 @@ def ember_eager(w: Workload, threads: int) -> Prepared:
         raise Skip("torch_ember is not loaded")
     module = to_device_copy(w.module, "ember")
     return run_on(w, module, device="ember", sync=torch.ember.synchronize)
+
+
+def _ember_compile(w: Workload, backend: str, freezing: bool) -> Prepared:
+    import torch._dynamo
+    import torch._inductor.config
+
+    if not hasattr(torch, "ember"):
+        raise Skip("torch_ember is not loaded")
+
+    previous = torch._inductor.config.freezing
+    torch._inductor.config.freezing = freezing  # read when compiling, i.e. at the first calls
+
+    def close() -> None:
+        torch._dynamo.reset()
+        torch._inductor.config.freezing = previous
+
+    module = torch.compile(to_device_copy(w.module, "ember"), backend=backend)
+    return run_on(w, module, device="ember", sync=torch.ember.synchronize, close=close)
+
+
+@register("ember-compiled", version=torch_ember_version)
+def ember_compiled(w: Workload, threads: int) -> Prepared:
+    """torch.compile (Inductor, default mode) on ember -- Inductor's C++ kernels on
+    ember memory -- with torch._inductor.config.freezing=True (as cpu-inductor),
+    under torch.inference_mode()."""
+    return _ember_compile(w, "inductor", freezing=True)
+
+
+@register("ember-backend", version=torch_ember_version)
+def ember_backend(w: Workload, threads: int) -> Prepared:
+    """torch.compile(backend="ember"): Inductor on ember plus ember's graph passes
+    (freezing with weight prepacking, linear fusions; see docs/compile.md), under
+    torch.inference_mode()."""
+    return _ember_compile(w, "ember", freezing=False)

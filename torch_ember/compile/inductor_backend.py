@@ -1,0 +1,186 @@
+"""Inductor's backend for the device type ``"ember"``.
+
+Inductor splits code generation into *kernels* (a ``Scheduling`` turns fused
+IR nodes into kernels) and a *wrapper* (Python or C++ code that allocates
+buffers and calls kernels and ATen "extern kernels" in order). ember memory
+is host memory, so:
+
+- kernels: Inductor's own C++/OpenMP CPU scheduling (``CppScheduling``),
+  unchanged: a generated kernel takes raw pointers, and an ember tensor's
+  ``data_ptr()`` is a valid host pointer;
+- wrapper: Inductor's Python wrapper with two ember-specific lines -- buffers
+  are allocated on their ember device (``empty_strided(..., device=ember:i)``),
+  and a C++ kernel is called directly (no stream argument); extern kernels
+  (``aten.addmm(..., out=buf)``) dispatch to ember like any eager call;
+- C++ wrapper (``torch._inductor.config.cpp_wrapper``, AOTInductor): not
+  supported -- it calls ATen through AOTI's per-device C shims, which exist
+  for cpu/cuda/xpu/mps only; asking for it raises a clear error;
+- device op overrides: the snippets the wrapper emits for device guards,
+  synchronisation and raw streams.
+
+Registered for ``"ember"`` by :func:`register_inductor_backend` (see
+``torch_ember/compile/__init__.py`` for when), together with
+:mod:`torch_ember.compile.cpu_parity`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from textwrap import dedent
+
+from torch._inductor.codegen.common import (
+    DeviceOpOverrides,
+    register_backend_for_device,
+    register_device_op_overrides,
+)
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
+from torch._inductor.runtime.benchmarking import register_benchmarker
+from torch._inductor.virtualized import V
+
+DEVICE_TYPE = "ember"
+
+
+class EmberScheduling(CppScheduling):
+    """C++/OpenMP kernels (Inductor's CPU kernel codegen) for ember buffers."""
+
+
+class _EmberWrapperLines:
+    """The two lines of the Python wrapper that differ from CPU."""
+
+    def make_allocation(
+        self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False
+    ):
+        if device.type != DEVICE_TYPE:
+            return super().make_allocation(
+                name, device, dtype, shape, stride, allocation_shape, is_pinned
+            )
+        if allocation_shape is None:
+            allocation_shape = shape
+        size = self.codegen_python_shape_tuple(allocation_shape)
+        strides = self.codegen_python_shape_tuple(stride)
+        index = device.index if device.index is not None else 0
+        out = f"{name} = empty_strided({size}, {strides}, device={_device_name(self, index)}, dtype={dtype})"
+        if tuple(shape) != tuple(allocation_shape):
+            out += f".as_strided({self.codegen_python_shape_tuple(shape)}, {strides})"
+        return out
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if device.type == DEVICE_TYPE and not kwargs.get("triton", True):
+            # a C++ kernel: a plain call on host pointers, as on CPU
+            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            return
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
+
+
+def _device_name(wrapper: PythonWrapperCodegen, index: int) -> str:
+    """A module-level ``torch.device("ember", index)`` of the generated code."""
+    root = wrapper
+    while isinstance(root, SubgraphPythonWrapperCodegen):
+        root = root.parent_wrapper
+    name = f"ember_device_{index}"
+    written = root.__dict__.setdefault("_ember_devices", set())
+    if index not in written:
+        written.add(index)
+        root.header.writeline(f"{name} = torch.device('{DEVICE_TYPE}', {index})")
+    return name
+
+
+class EmberSubgraphWrapperCodegen(_EmberWrapperLines, SubgraphPythonWrapperCodegen):
+    """Wrapper of a subgraph (control flow, graph partitions) on ember."""
+
+
+class EmberPythonWrapperCodegen(_EmberWrapperLines, PythonWrapperCodegen):
+    """Inductor's Python wrapper, allocating on ember."""
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        if is_subgraph:
+            return EmberSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return EmberPythonWrapperCodegen()
+
+
+class EmberCppWrapperCodegen(CppWrapperCpu):
+    """Placeholder: the C++ wrapper needs AOTI C shims for ember (see module doc)."""
+
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        raise NotImplementedError(
+            "torch._inductor.config.cpp_wrapper (and AOTInductor) is not supported on ember: "
+            "its generated code calls ATen through AOTI C shims that exist only for "
+            "cpu/cuda/xpu/mps. Use the default Python wrapper (cpp_wrapper=False)."
+        )
+
+
+class EmberDeviceOpOverrides(DeviceOpOverrides):
+    """Snippets of generated code that talk to the device."""
+
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return dedent(
+            f"""
+            def {name}(_):
+                return 0
+            """
+        )
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.ember.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.ember.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.ember.device({device_idx})"
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"
+
+
+class EmberGraphPass(CustomGraphModulePass):
+    """Inductor's per-device post-grad hook for ember graphs.
+
+    It changes nothing in the graph; its ``uuid()`` -- a hash of this package's
+    code generation sources -- enters Inductor's FX graph cache key, so a
+    cached ember graph is not reused after ember's code generation changed.
+    """
+
+    def __call__(self, gm):
+        return gm
+
+    def uuid(self):
+        here = Path(__file__).resolve().parent
+        return get_hash_for_files(
+            tuple(str(here / name) for name in ("inductor_backend.py", "cpu_parity.py"))
+        )
+
+
+def _benchmark_on_host(benchmarker, fn, *, warmup, rep, **kwargs):
+    """Autotuning times ember choices with the CPU timer (ember runs on the host)."""
+    return benchmarker.benchmark_cpu(fn, warmup=warmup, rep=rep)
+
+
+def register_inductor_backend() -> None:
+    from torch_ember.compile import cpu_parity
+
+    register_backend_for_device(
+        DEVICE_TYPE,
+        EmberScheduling,
+        EmberPythonWrapperCodegen,
+        EmberCppWrapperCodegen,
+        device_custom_pass=EmberGraphPass(),
+    )
+    register_device_op_overrides(DEVICE_TYPE, EmberDeviceOpOverrides())
+    register_benchmarker(DEVICE_TYPE, _benchmark_on_host, override=True)
+    cpu_parity.apply()
+
+
+__all__ = [
+    "EmberCppWrapperCodegen",
+    "EmberDeviceOpOverrides",
+    "EmberPythonWrapperCodegen",
+    "EmberScheduling",
+    "register_inductor_backend",
+]

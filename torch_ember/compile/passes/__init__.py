@@ -1,0 +1,53 @@
+"""ember's graph passes for ``torch.compile(backend="ember")``, one file per pass.
+
+Each pass is ``fn(gm, options) -> int``: it rewrites or annotates the
+post-grad ATen graph of an *inference* graph whose parameters Inductor froze
+into constants (``get_attr`` nodes), and returns how many nodes it changed.
+:func:`run` applies them in order and adds the counts to :data:`counters`.
+
+| pass | what |
+|---|---|
+| ``linear_activation`` | linear + activation: the activation becomes the epilogue of a C++ GEMM kernel |
+| ``prepack_weights`` | weight prepacking: frozen GEMM weights in the layout the chosen GEMM reads fastest |
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from torch_ember.compile.passes._gemm import TEMPLATE_META as TEMPLATE_META
+from torch_ember.compile.passes.linear_activation import linear_activation
+from torch_ember.compile.passes.prepack_weights import prepack_weights
+
+counters: Counter[str] = Counter()
+"""Nodes changed by each pass, summed over every graph compiled since the last reset."""
+
+
+@dataclass(frozen=True)
+class Options:
+    small_m: int = 16  # GEMMs with at most this many rows: ATen on row-major weights
+    template: bool = True  # offer Inductor's C++ GEMM template (prepacked, fused epilogue)
+
+
+PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
+    "linear_activation": linear_activation,
+    "prepack_weights": prepack_weights,
+}
+
+
+def run(gm: torch.fx.GraphModule, options: Options) -> dict[str, int]:
+    counts = {}
+    for name, fn in PASSES.items():
+        counts[name] = fn(gm, options)
+        counters[name] += counts[name]
+    if any(counts.values()):
+        gm.graph.lint()
+    return counts
+
+
+def reset_counters() -> None:
+    counters.clear()

@@ -1,0 +1,60 @@
+"""Weight prepacking: each frozen GEMM weight in the layout its GEMM reads fastest.
+
+After freezing, ``nn.Linear``'s weight reaches ``addmm(b, x, W)`` as the
+transposed view of an ``[N, K]`` parameter (strides ``(1, K)``). For that:
+
+- a GEMM with few rows (``M <= options.small_m``: batch-1 MLPs, decode steps)
+  runs ATen's GEMM; for it the pass stores the weight once as a row-major
+  ``[K, N]`` constant. ATen's CPU GEMM with ``M = 1`` on a row-major weight
+  runs 1.2x (768x2304) to 5x (256x256) faster than on the transposed view on
+  our 2-core AVX-512 runner (see docs/compile.md);
+- a larger GEMM is offered Inductor's C++ GEMM template, which packs the
+  constant weight into its blocked layout once, at compile time, and fuses
+  the GEMM's elementwise epilogue; Inductor times it against ATen's GEMM on
+  the first call and keeps the faster (max-autotune for these GEMMs only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_ember.compile.passes._gemm import TEMPLATE_META, constant, frozen_gemms
+
+
+def prepack_weights(gm: torch.fx.GraphModule, options) -> int:
+    changed = 0
+    packed: dict[str, torch.fx.Node] = {}
+    for gemm in frozen_gemms(gm):
+        if gemm.rows is None:
+            continue  # dynamic M: the choice depends on the shape
+        if gemm.rows > options.small_m:
+            if options.template and not gemm.node.meta.get(TEMPLATE_META):
+                gemm.node.meta[TEMPLATE_META] = "prepack"
+                changed += 1
+            continue
+        weight = constant(gm, gemm.weight)
+        if weight.dim() != 2 or weight.is_contiguous() or not weight.t().is_contiguous():
+            continue
+        if gemm.weight.target not in packed:
+            name = _free_name(gm, gemm.weight.target.replace(".", "_") + "_kn")
+            gm.register_buffer(name, weight.contiguous(), persistent=False)
+            with gm.graph.inserting_after(gemm.weight):
+                node = gm.graph.get_attr(name)
+            fake = gemm.weight.meta.get("val")
+            if fake is not None:
+                node.meta["val"] = fake.fake_mode.from_tensor(getattr(gm, name))
+            packed[gemm.weight.target] = node
+        gemm.node.replace_input_with(gemm.weight, packed[gemm.weight.target])
+        changed += 1
+    for node in list(gm.graph.nodes):
+        if node.op == "get_attr" and not node.users and node.target in packed:
+            gm.graph.erase_node(node)
+    return changed
+
+
+def _free_name(gm: torch.fx.GraphModule, base: str) -> str:
+    name, i = base, 0
+    while hasattr(gm, name):
+        i += 1
+        name = f"{base}_{i}"
+    return name
