@@ -1,0 +1,276 @@
+"""torch.compile on ember: Dynamo's device interface, Inductor's C++ kernels on ember
+memory, max-autotune, dynamic shapes, training, and ``backend="ember"``'s passes.
+
+Every compiled result is compared with eager on ember. Generated C++ kernels may
+round differently from ATen's (fused, vectorised, FMA), hence the tolerances of a
+few float32 ulps instead of bitwise equality. Inductor's caches are off here so
+every test really generates code and runs the passes whose counters it checks.
+"""
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
+
+import torch_ember
+from torch_ember.compile import backend as ember_backend_module
+
+DEVICE = "ember"
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compile():
+    torch._dynamo.reset()
+    counters.clear()
+    ember_backend_module.reset_counters()
+    with inductor_config.patch(
+        fx_graph_cache=False,
+        fx_graph_remote_cache=False,
+        autotune_local_cache=False,
+        # autotuning (max-autotune, backend="ember") times each choice briefly
+        inductor_default_autotune_warmup=1,
+        inductor_default_autotune_rep=3,
+    ):
+        yield
+    torch._dynamo.reset()
+
+
+def _mlp(width: int = 32, act=torch.nn.GELU, device: str = DEVICE) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, 2 * width),
+        act(),
+        torch.nn.Linear(2 * width, width),
+        torch.nn.LayerNorm(width),
+    ).to(device)
+
+
+def _randn(*shape: int, device: str = DEVICE) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(device)
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, **tol) -> None:
+    assert actual.device == expected.device
+    torch.testing.assert_close(actual.cpu(), expected.cpu(), **(tol or TOL))
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def test_import_torch_ember_does_not_import_dynamo(run_python):
+    code = "import sys, torch, torch_ember; print('torch._dynamo' in sys.modules)"
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_dynamo_and_inductor_know_ember():
+    from torch._dynamo.device_interface import get_interface_for_device
+    from torch._inductor.codegen.common import (
+        get_device_op_overrides,
+        get_scheduling_for_device,
+        get_wrapper_codegen_for_device,
+    )
+
+    from torch_ember.compile import inductor_backend
+    from torch_ember.compile.device_interface import EmberInterface
+
+    torch_ember.compile.register()
+    assert torch_ember.compile.is_registered() == {"dynamo": True, "inductor": True}
+    assert get_interface_for_device("ember") is EmberInterface
+    assert get_interface_for_device(torch.device("ember", 0)) is EmberInterface
+    assert get_scheduling_for_device("ember") is inductor_backend.EmberScheduling
+    assert get_wrapper_codegen_for_device("ember") is inductor_backend.EmberPythonWrapperCodegen
+    assert isinstance(get_device_op_overrides("ember"), inductor_backend.EmberDeviceOpOverrides)
+    assert torch._dynamo.lookup_backend("ember") is ember_backend_module.ember_backend
+
+
+def test_device_interface_delegates_to_torch_ember():
+    from torch_ember.compile.device_interface import EmberInterface
+
+    assert EmberInterface.is_available() and not EmberInterface.is_triton_capable()
+    assert EmberInterface.device_count() == torch.ember.device_count()
+    assert EmberInterface.current_device() == torch.ember.current_device() == 0
+    assert EmberInterface.get_raw_stream(0) == 0
+    assert EmberInterface.get_device_properties(0).cores >= 1
+    assert EmberInterface.Worker.get_device_properties(0).name
+    assert isinstance(EmberInterface.get_compute_capability(0), str)
+    EmberInterface.synchronize()
+    assert EmberInterface.exchange_device(0) == 0
+
+
+@pytest.mark.requires_two_devices
+def test_device_interface_exchanges_devices():
+    from torch_ember.compile.device_interface import EmberInterface
+
+    assert EmberInterface.exchange_device(1) == 0
+    assert torch.ember.current_device() == 1
+    assert EmberInterface.maybe_exchange_device(0) == 1
+    assert torch.ember.current_device() == 0
+
+
+# --------------------------------------------------------------------------- default Inductor
+
+
+def test_default_inductor_generates_cpp_kernels_on_ember_memory():
+    from torch._inductor import metrics
+
+    model, x = _mlp(), _randn(8, 32)
+    metrics.reset()
+    torch_ember.reset_fallback_stats()
+    compiled = torch.compile(model)
+    out = compiled(x)
+    assert out.device == x.device
+    _assert_close(out, model(x))
+    assert metrics.generated_kernel_count >= 2  # GELU, LayerNorm: fused C++ kernels
+    assert torch_ember.fallback_stats() == {}  # every extern kernel ran zero-copy
+
+
+@pytest.mark.requires_two_devices
+def test_compiled_model_on_second_device_stays_there():
+    model, x = _mlp(device="ember:1"), _randn(4, 32, device="ember:1")
+    out = torch.compile(model)(x)
+    assert out.device == torch.device("ember", 1)
+    _assert_close(out, model(x))
+
+
+def test_embedding_then_layernorm():
+    """Reductions over gathered rows take CPU's C++ path (cpu_parity: get_current_backend)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 768), torch.nn.LayerNorm(768)).to(DEVICE)
+    ids = torch.randint(0, 50, (1, 8)).to(DEVICE)
+    _assert_close(torch.compile(model)(ids), model(ids))
+
+
+def test_convolution_channels_last_strides():
+    """ember runs CPU's convolution: output strides follow CPU's rule (cpu_parity: conv_layout)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 1)
+    ).to(DEVICE)
+    x = _randn(1, 3, 8, 8)
+    with torch.no_grad():
+        _assert_close(torch.compile(model)(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_shapes_one_graph_for_every_batch():
+    model = _mlp()
+    compiled = torch.compile(model, dynamic=True)
+    for batch in (3, 5, 17):
+        x = _randn(batch, 32)
+        _assert_close(compiled(x), model(x))
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_max_autotune_tiny_mm():
+    """max-autotune on ember: ATen and the C++ GEMM template are timed, the faster is kept."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 32).to(DEVICE).eval()
+    x = _randn(32, 32)
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        out = torch.compile(linear, mode="max-autotune-no-cudagraphs")(x)
+        _assert_close(out, linear(x), rtol=1e-4, atol=1e-5)
+    assert counters["inductor"]["select_algorithm_autotune"] >= 1
+
+
+# Adam's first steps are ~lr * sign(grad): eps keeps a rounding-level difference in
+# a near-zero gradient from flipping a sign
+OPTIMIZERS = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-2, eps=1e-4),
+}
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_training_step_equals_eager(optimizer):
+    """Forward + backward + optimizer step through compile, on ember, against eager on ember."""
+    eager, compiled_model = _mlp(), _mlp()
+    opt_eager = OPTIMIZERS[optimizer](eager.parameters())
+    opt_compiled = OPTIMIZERS[optimizer](compiled_model.parameters())
+    forward = torch.compile(compiled_model)
+
+    @torch.compile
+    def step():
+        opt_compiled.step()
+
+    x = _randn(8, 32)
+    for _ in range(2):
+        for model, opt, run, do_step in (
+            (eager, opt_eager, eager, opt_eager.step),
+            (compiled_model, opt_compiled, forward, step),
+        ):
+            opt.zero_grad()
+            run(x).square().mean().backward()
+            do_step()
+    for a, b in zip(eager.parameters(), compiled_model.parameters()):
+        assert b.grad is not None and b.grad.device.type == DEVICE
+        _assert_close(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_inductor_still_works():
+    model, x = _mlp(device="cpu"), _randn(4, 32, device="cpu")
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        _assert_close(torch.compile(model)(x), model(x))
+
+
+def test_cpp_wrapper_is_refused_clearly():
+    with (
+        inductor_config.patch(cpp_wrapper=True),
+        pytest.raises(Exception, match="cpp_wrapper.*not supported on ember"),
+    ):
+        torch.compile(_mlp())(_randn(2, 32))
+
+
+# --------------------------------------------------------------------------- backend="ember"
+
+
+def test_named_backend_small_batch_prepacks_weights():
+    model, x = _mlp().eval(), _randn(1, 32)
+    with torch.inference_mode():
+        out = torch.compile(model, backend="ember")(x)
+        _assert_close(out, model(x))
+    stats = ember_backend_module.counters
+    assert stats["freezing"] == 6  # 2 Linear x 2 + LayerNorm x 2
+    assert stats["prepack_weights"] == 2  # both weights stored row-major [K, N]
+    assert stats["linear_activation"] == 0  # 1 row: ATen's GEMM, no template
+
+
+def test_named_backend_fuses_activation_into_gemm_epilogue():
+    model, x = _mlp(act=torch.nn.ReLU).eval(), _randn(64, 32)
+    options = {"max_autotune_gemm_backends": "CPP"}  # only the template: deterministic
+    with torch.inference_mode():
+        out = torch.compile(model, backend="ember", options=options)(x)
+        _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    stats = ember_backend_module.counters
+    assert stats["linear_activation"] == 1  # Linear -> ReLU
+    assert stats["prepack_weights"] == 1  # the second Linear: template, packed weight
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 2
+    assert counters["inductor"]["cpp_epilogue_fusion_counter"] >= 1
+
+
+def test_named_backend_matches_default_on_transformer_block():
+    from tiny_models import gpt2_config
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(gpt2_config(transformers)).eval().to(DEVICE)
+    ids = torch.randint(0, model.config.vocab_size, (1, 8)).to(DEVICE)
+    with torch.inference_mode():
+        expected = model(ids).logits
+        out = torch.compile(model, backend="ember")(ids).logits
+    _assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    assert ember_backend_module.counters["freezing"] > 0
+
+
+def test_named_backend_trains_like_default():
+    """With grad enabled nothing is frozen: the weights keep training."""
+    eager, model = _mlp(), _mlp()
+    compiled = torch.compile(model, backend="ember")
+    x = _randn(8, 32)
+    eager(x).sum().backward()
+    compiled(x).sum().backward()
+    for a, b in zip(eager.parameters(), model.parameters()):
+        _assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["freezing"] == 0
