@@ -32,7 +32,8 @@ def is_built() -> bool:
 
 
 def is_available() -> bool:
-    """True when ember has at least one device (EMBER_DEVICES may be 0)."""
+    """True when ember has a device to run on (the extension loaded and
+    EMBER_DEVICES, default 1, was valid: an invalid value fails the import)."""
     return _C.device_count() > 0
 
 
@@ -49,7 +50,8 @@ def version() -> dict[str, str]:
         elif line.startswith(("- Intel(R) MKL-DNN v", "- Intel(R) oneDNN v")):
             versions["onednn"] = line.split(" v", 1)[1].split(" ")[0]
         elif line.startswith("- OpenMP"):
-            versions["openmp"] = line.split("OpenMP", 1)[1].strip().split(" ")[0]
+            # The OpenMP specification date torch was built against (201511 = 4.5).
+            versions["openmp_spec"] = line.split("OpenMP", 1)[1].strip().split(" ")[0]
     return versions
 
 
