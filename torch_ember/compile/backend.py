@@ -16,8 +16,8 @@ A training graph (grad enabled) compiles exactly like the default backend:
 freezing would bake in weights the optimizer is about to change.
 
 Options (``torch.compile(m, backend="ember", options={...})``):
-``freezing`` (default True), ``passes`` (default True), ``small_m`` (rows up to
-which a GEMM stays on ATen with row-major weights, default 16),
+``freezing`` (default True), ``passes`` (default True), ``small_m`` (GEMMs with
+at most this many rows are never offered the C++ GEMM template, default 16),
 ``template`` (offer the C++ GEMM template, default True).
 """
 
@@ -99,6 +99,8 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
             # GEMMs are autotuned; the C++ template is offered to the annotated ones only
             patches["max_autotune_gemm"] = True
             patches.setdefault("autotune_num_choices_displayed", 0)  # not asked for: quiet
+            # timings depend on the thread count, which Inductor's autotune cache ignores
+            patches.setdefault("autotune_local_cache", False)
             scope = cpu_parity.templates_for_tagged_gemms_only()
     with scope:
         compiled = compile_fx(gm, example_inputs, config_patches=patches)

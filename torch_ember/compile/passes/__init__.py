@@ -8,7 +8,7 @@ into constants (``get_attr`` nodes), and returns how many nodes it changed.
 | pass | what |
 |---|---|
 | ``linear_activation`` | linear + activation: the activation becomes the epilogue of a C++ GEMM kernel |
-| ``prepack_weights`` | weight prepacking: frozen GEMM weights in the layout the chosen GEMM reads fastest |
+| ``prepack_weights`` | weight prepacking: one-row GEMMs read their frozen weight row-major |
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ counters: Counter[str] = Counter()
 
 @dataclass(frozen=True)
 class Options:
-    small_m: int = 16  # GEMMs with at most this many rows: ATen on row-major weights
+    small_m: int = 16  # GEMMs with at most this many rows are never offered the template
     template: bool = True  # offer Inductor's C++ GEMM template (prepacked, fused epilogue)
 
 

@@ -3,16 +3,16 @@
 After freezing, ``nn.Linear``'s weight reaches ``addmm(b, x, W)`` as the
 transposed view of an ``[N, K]`` parameter (strides ``(1, K)``). For that:
 
-- a GEMM with few rows (``M <= options.small_m``) runs ATen's GEMM. With one
-  row (batch-1 MLPs, decode steps) the pass stores the weight once as a
-  row-major ``[K, N]`` constant: ember's GEMM with ``M = 1`` reads it
-  1.26x (256x256) to 1.6x (GPT-2's 768x50257 LM head) faster than the
-  transposed view, and is on par for the other GPT-2 shapes (docs/compile.md);
-  with 2..small_m rows neither layout wins consistently, the view stays;
-- a larger GEMM is offered Inductor's C++ GEMM template, which packs the
-  constant weight into its blocked layout once, at compile time, and fuses
-  the GEMM's elementwise epilogue; Inductor times it against ATen's GEMM on
-  the first call and keeps the faster (max-autotune for these GEMMs only).
+- a GEMM with one row (batch-1 MLPs, decode steps) runs ATen's GEMM, which
+  reads a row-major ``[K, N]`` weight 1.26x (256x256) to 1.6x (GPT-2's
+  768x50257 LM head) faster than the transposed view, and as fast for the
+  other GPT-2 shapes (docs/compile.md): the pass stores such weights once,
+  row-major, as new constants;
+- with 2 to 16 rows neither layout wins consistently, and with more rows the
+  C++ GEMM template (which packs the weight into its blocked layout at
+  compile time) did not beat ATen on a plain GEMM in our measurements: those
+  weights stay as they are. (A GEMM feeding an activation is
+  ``linear_activation``'s.)
 """
 
 from __future__ import annotations
@@ -26,15 +26,8 @@ def prepack_weights(gm: torch.fx.GraphModule, options) -> int:
     changed = 0
     packed: dict[str, torch.fx.Node] = {}
     for gemm in frozen_gemms(gm):
-        if gemm.rows is None:
-            continue  # dynamic M: the choice depends on the shape
-        if gemm.rows > options.small_m:
-            if options.template and not gemm.node.meta.get(TEMPLATE_META):
-                gemm.node.meta[TEMPLATE_META] = "prepack"
-                changed += 1
-            continue
-        if gemm.rows != 1:
-            continue
+        if gemm.rows != 1 or gemm.node.meta.get(TEMPLATE_META):
+            continue  # several rows, or dynamic M: the view stays
         weight = constant(gm, gemm.weight)
         if weight.dim() != 2 or weight.is_contiguous() or not weight.t().is_contiguous():
             continue
