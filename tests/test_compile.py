@@ -226,15 +226,21 @@ def test_cpp_wrapper_is_refused_clearly():
 # --------------------------------------------------------------------------- backend="ember"
 
 
-def test_named_backend_small_batch_prepacks_weights():
+def test_named_backend_batch_one_mlp_is_one_kernel_chain():
+    """One row: weights row-major, Linear -> GELU -> Linear as generated C++ (no ATen GEMM)."""
+    from torch._inductor import metrics
+
     model, x = _mlp().eval(), _randn(1, 32)
+    metrics.reset()
     with torch.inference_mode():
         out = torch.compile(model, backend="ember")(x)
         _assert_close(out, model(x))
     stats = ember_backend_module.counters
     assert stats["freezing"] == 6  # 2 Linear x 2 + LayerNorm x 2
     assert stats["prepack_weights"] == 2  # both weights stored row-major [K, N]
-    assert stats["linear_activation"] == 0  # 1 row: ATen's GEMM, no template
+    assert stats["linear_activation"] == 2  # both Linear layers touch the GELU
+    assert metrics.generated_kernel_count >= 1
+    assert counters["inductor"]["select_algorithm_autotune"] == 0  # no GEMM left to tune
 
 
 def test_named_backend_fuses_activation_into_gemm_epilogue(monkeypatch):

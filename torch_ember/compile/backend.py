@@ -18,7 +18,9 @@ freezing would bake in weights the optimizer is about to change.
 Options (``torch.compile(m, backend="ember", options={...})``):
 ``freezing`` (default True), ``passes`` (default True), ``small_m`` (GEMMs with
 at most this many rows are never offered the C++ GEMM template, default 16),
-``template`` (offer the C++ GEMM template, default True).
+``template`` (offer the C++ GEMM template, default True), ``fuse_max_weight``
+(one-row GEMMs next to an activation with at most this many weight elements
+become generated C++ kernels, default 2**20).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ __all__ = ["counters", "ember_backend", "reset_counters"]
 counters = _passes.counters
 reset_counters = _passes.reset_counters
 
-_BACKEND_OPTIONS = {"freezing", "passes", "small_m", "template"}
+_BACKEND_OPTIONS = {"freezing", "passes", "small_m", "template", "fuse_max_weight"}
 
 
 class EmberPasses(CustomInferenceAwareGraphPass):
@@ -92,16 +94,20 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         pass_options = _passes.Options(
             small_m=int(mine.get("small_m", _passes.Options.small_m)),
             template=bool(mine.get("template", _passes.Options.template)),
+            fuse_max_weight=int(mine.get("fuse_max_weight", _passes.Options.fuse_max_weight)),
         )
         patches["post_grad_custom_post_pass"] = EmberPasses(pass_options)
         user_autotune = patches.get("max_autotune") or patches.get("max_autotune_gemm")
-        if inference and pass_options.template and not user_autotune:
+        backends = str(patches.get("max_autotune_gemm_backends", "ATEN")).upper()
+        if inference and pass_options.template and not user_autotune and "ATEN" in backends:
             # GEMMs are autotuned; the C++ template is offered to the annotated ones only
             patches["max_autotune_gemm"] = True
             patches.setdefault("autotune_num_choices_displayed", 0)  # not asked for: quiet
             # timings depend on the thread count, which Inductor's autotune cache ignores
             patches.setdefault("autotune_local_cache", False)
             scope = cpu_parity.templates_for_tagged_gemms_only()
+        elif inference and pass_options.template and not user_autotune:
+            patches["max_autotune_gemm"] = True  # backends without ATen: the template everywhere
     with scope:
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return drop_arguments(compiled, lifted, total) if lifted else compiled

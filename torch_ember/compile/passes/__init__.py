@@ -7,8 +7,8 @@ into constants (``get_attr`` nodes), and returns how many nodes it changed.
 
 | pass | what |
 |---|---|
-| ``linear_activation`` | linear + activation: the activation becomes the epilogue of a C++ GEMM kernel |
 | ``prepack_weights`` | weight prepacking: one-row GEMMs read their frozen weight row-major |
+| ``linear_activation`` | linear + activation in one generated C++ kernel (one row), or the activation as a C++ GEMM template's epilogue (many rows) |
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ counters: Counter[str] = Counter()
 class Options:
     small_m: int = 16  # GEMMs with at most this many rows are never offered the template
     template: bool = True  # offer Inductor's C++ GEMM template (prepacked, fused epilogue)
+    fuse_max_weight: int = 1 << 20  # one-row GEMMs up to this many weight elements: C++ kernels
 
 
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
+    "prepack_weights": prepack_weights,  # first: the fused one-row kernels read row-major W
     "linear_activation": linear_activation,
-    "prepack_weights": prepack_weights,
 }
 
 

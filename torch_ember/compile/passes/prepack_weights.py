@@ -38,7 +38,7 @@ def prepack_weights(gm: torch.fx.GraphModule, options) -> int:
                 node = gm.graph.get_attr(name)
             fake = gemm.weight.meta.get("val")
             if fake is not None:
-                node.meta["val"] = fake.fake_mode.from_tensor(getattr(gm, name))
+                node.meta["val"] = fake.fake_mode.from_tensor(getattr(gm, name), static_shapes=True)
             packed[gemm.weight.target] = node
         gemm.node.replace_input_with(gemm.weight, packed[gemm.weight.target])
         changed += 1
