@@ -1,0 +1,509 @@
+#include "ops/kernels/DeterministicOps.h"
+
+#include <ATen/Context.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/core/Reduction.h>
+#include <ATen/ops/_softmax.h>
+#include <ATen/ops/_softmax_backward_data.h>
+#include <ATen/ops/_softmax_backward_data_ops.h>
+#include <ATen/ops/_softmax_ops.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/complex.h>
+#include <ATen/ops/imag.h>
+#include <ATen/ops/linalg_vector_norm_ops.h>
+#include <ATen/ops/mean_ops.h>
+#include <ATen/ops/mse_loss.h>
+#include <ATen/ops/mse_loss_ops.h>
+#include <ATen/ops/native_group_norm.h>
+#include <ATen/ops/native_group_norm_backward_ops.h>
+#include <ATen/ops/native_group_norm_ops.h>
+#include <ATen/ops/native_layer_norm_backward.h>
+#include <ATen/ops/native_layer_norm_backward_ops.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/real.h>
+#include <ATen/ops/std_mean_ops.h>
+#include <ATen/ops/std_ops.h>
+#include <ATen/ops/sum_ops.h>
+#include <ATen/ops/var_mean_ops.h>
+#include <ATen/ops/var_ops.h>
+#include <ATen/record_function.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "core/CpuAllocationCapture.h"
+#include "flags/BackendFlags.h"
+#include "ops/CpuDelegation.h"
+#include "ops/DelegationCall.h"
+#include "ops/DeviceScope.h"
+#include "ops/UnboxedDelegation.h"
+#include "ops/kernels/DeterministicReduce.h"
+
+namespace ember::kernels::deterministic {
+namespace {
+
+namespace ops = at::_ops;
+namespace fixed = ember::deterministic;
+using unboxed::functional;
+using OptDims = at::OptionalIntArrayRef;
+using OptDtype = std::optional<at::ScalarType>;
+using OptScalar = const std::optional<at::Scalar>&;
+
+// Runs `body` on CPU aliases of the ember tensor arguments, the way
+// unboxed::functional runs the CPU kernel (same device checks, same
+// allocation capture, results adopted as ember tensors).
+template <class Body, class... Tensors>
+auto on_aliases(const char* name, Body&& body, const Tensors&... tensors) {
+  DelegationCall call(name, /*accepts_cpu_tensors=*/false);
+  std::tuple<std::decay_t<decltype(unboxed::to_cpu(call, tensors, false))>...>
+      cpu{unboxed::to_cpu(call, tensors, false)...};
+  call.settle();
+  using Result = decltype(std::apply(body, cpu));
+  Result result;
+  const c10::DeviceIndex device = call.device();
+  run_on_device(device, [&] {
+    CpuAllocationCapture capture(device);
+    RECORD_FUNCTION(name, c10::ArrayRef<const c10::IValue>{});
+    result = std::apply(body, cpu);
+  });
+  return unboxed::from_cpu(call, result);
+}
+
+// Floating and complex reductions round; integer ones do not, so ATen's
+// order is as good as any.
+bool rounds(at::ScalarType dtype) {
+  return at::isFloatingType(dtype) || at::isComplexType(dtype);
+}
+
+c10::SmallVector<int64_t, 8> dims_of(const at::Tensor& x, OptDims dim) {
+  return fixed::wrap_dims(x, dim);
+}
+
+at::Tensor squeeze_dims(const at::Tensor& t, at::IntArrayRef dims) {
+  return dims.empty() || t.dim() == 0 ? t.squeeze() : t.squeeze(dims);
+}
+
+// --- reductions on CPU tensors ---------------------------------------------
+
+at::Tensor mean_cpu(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
+                    at::ScalarType out) {
+  const at::ScalarType acc = fixed::accumulate_type(out);
+  at::Tensor total = fixed::sum(x, dims, keepdim, acc);
+  total.div_(static_cast<double>(fixed::reduced_count(x, dims)));
+  return total.to(out);
+}
+
+// Two passes: the mean, then the sum of squared deviations from it.
+std::pair<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& x,
+                                               at::IntArrayRef dims,
+                                               double correction,
+                                               bool keepdim) {
+  if (x.is_complex()) {
+    auto [var_re, mean_re] =
+        var_mean_cpu(at::real(x), dims, correction, keepdim);
+    auto [var_im, mean_im] =
+        var_mean_cpu(at::imag(x), dims, correction, keepdim);
+    return {var_re.add_(var_im), at::complex(mean_re, mean_im)};
+  }
+  const at::ScalarType acc = fixed::accumulate_type(x.scalar_type());
+  const at::Tensor xa = x.to(acc);
+  const auto count = static_cast<double>(fixed::reduced_count(x, dims));
+  at::Tensor mean = fixed::sum(xa, dims, /*keepdim=*/true, acc).div_(count);
+  const at::Tensor deviation = xa - mean;
+  at::Tensor var = fixed::sum(deviation * deviation, dims, keepdim, acc)
+                       .div_(std::max(0.0, count - correction));
+  if (!keepdim) mean = squeeze_dims(mean, dims);
+  return {var.to(x.scalar_type()), mean.to(x.scalar_type())};
+}
+
+double correction_of(OptScalar correction) {
+  return correction.has_value() ? correction->toDouble() : 1.0;
+}
+
+}  // namespace
+
+// --- reductions -------------------------------------------------------------
+
+at::Tensor sum(T self, OptDims dim, bool keepdim, OptDtype dtype) {
+  const at::ScalarType out = dtype.value_or(
+      at::isIntegralType(self.scalar_type(), /*includeBool=*/true)
+          ? at::kLong
+          : self.scalar_type());
+  if (!flags::deterministic() || !rounds(out)) {
+    return functional<ops::sum_dim_IntList, T, OptDims, bool, OptDtype>(
+        self, dim, keepdim, dtype);
+  }
+  return on_aliases(
+      "ember::deterministic::sum",
+      [&](const at::Tensor& x) {
+        return fixed::sum(x, dims_of(x, dim), keepdim, out);
+      },
+      self);
+}
+
+at::Tensor mean(T self, OptDims dim, bool keepdim, OptDtype dtype) {
+  const at::ScalarType out = dtype.value_or(self.scalar_type());
+  if (!flags::deterministic() || !rounds(out) || !rounds(self.scalar_type())) {
+    return functional<ops::mean_dim, T, OptDims, bool, OptDtype>(
+        self, dim, keepdim, dtype);
+  }
+  return on_aliases(
+      "ember::deterministic::mean",
+      [&](const at::Tensor& x) {
+        return mean_cpu(x, dims_of(x, dim), keepdim, out);
+      },
+      self);
+}
+
+at::Tensor var(T self, OptDims dim, OptScalar correction, bool keepdim) {
+  if (!flags::deterministic() || !rounds(self.scalar_type())) {
+    return functional<ops::var_correction, T, OptDims, OptScalar, bool>(
+        self, dim, correction, keepdim);
+  }
+  return on_aliases(
+      "ember::deterministic::var",
+      [&](const at::Tensor& x) {
+        return var_mean_cpu(x, dims_of(x, dim), correction_of(correction),
+                            keepdim)
+            .first;
+      },
+      self);
+}
+
+at::Tensor std_dev(T self, OptDims dim, OptScalar correction, bool keepdim) {
+  if (!flags::deterministic() || !rounds(self.scalar_type())) {
+    return functional<ops::std_correction, T, OptDims, OptScalar, bool>(
+        self, dim, correction, keepdim);
+  }
+  return on_aliases(
+      "ember::deterministic::std",
+      [&](const at::Tensor& x) {
+        return var_mean_cpu(x, dims_of(x, dim), correction_of(correction),
+                            keepdim)
+            .first.sqrt_();
+      },
+      self);
+}
+
+std::tuple<at::Tensor, at::Tensor> var_mean(T self, OptDims dim,
+                                            OptScalar correction,
+                                            bool keepdim) {
+  if (!flags::deterministic() || !rounds(self.scalar_type())) {
+    return functional<ops::var_mean_correction, T, OptDims, OptScalar, bool>(
+        self, dim, correction, keepdim);
+  }
+  return on_aliases(
+      "ember::deterministic::var_mean",
+      [&](const at::Tensor& x) {
+        auto [v, m] = var_mean_cpu(x, dims_of(x, dim),
+                                   correction_of(correction), keepdim);
+        return std::tuple<at::Tensor, at::Tensor>(v, m);
+      },
+      self);
+}
+
+std::tuple<at::Tensor, at::Tensor> std_mean(T self, OptDims dim,
+                                            OptScalar correction,
+                                            bool keepdim) {
+  if (!flags::deterministic() || !rounds(self.scalar_type())) {
+    return functional<ops::std_mean_correction, T, OptDims, OptScalar, bool>(
+        self, dim, correction, keepdim);
+  }
+  return on_aliases(
+      "ember::deterministic::std_mean",
+      [&](const at::Tensor& x) {
+        auto [v, m] = var_mean_cpu(x, dims_of(x, dim),
+                                   correction_of(correction), keepdim);
+        return std::tuple<at::Tensor, at::Tensor>(v.sqrt_(), m);
+      },
+      self);
+}
+
+at::Tensor linalg_vector_norm(T self, const at::Scalar& ord, OptDims dim,
+                              bool keepdim, OptDtype dtype) {
+  const double p = ord.toDouble();
+  // max/min (ord = +-inf) are exact in any order.
+  if (!flags::deterministic() || std::isinf(p) ||
+      !rounds(dtype.value_or(self.scalar_type()))) {
+    return functional<ops::linalg_vector_norm, T, const at::Scalar&, OptDims,
+                      bool, OptDtype>(self, ord, dim, keepdim, dtype);
+  }
+  return on_aliases(
+      "ember::deterministic::linalg_vector_norm",
+      [&](const at::Tensor& x_in) {
+        const at::Tensor x = dtype.has_value() ? x_in.to(*dtype) : x_in;
+        const at::ScalarType out = c10::toRealValueType(x.scalar_type());
+        const at::ScalarType acc = fixed::accumulate_type(out);
+        const auto dims = dims_of(x, dim);
+        const at::Tensor a = at::abs(x).to(acc);
+        at::Tensor result;
+        if (p == 0) {
+          result = fixed::sum(a.ne(0).to(acc), dims, keepdim, acc);
+        } else if (p == 1) {
+          result = fixed::sum(a, dims, keepdim, acc);
+        } else if (p == 2) {
+          result = fixed::sum(a * a, dims, keepdim, acc).sqrt_();
+        } else {
+          result = fixed::sum(a.pow(p), dims, keepdim, acc).pow_(1.0 / p);
+        }
+        return result.to(out);
+      },
+      self);
+}
+
+at::Tensor mse_loss(T self, T target, int64_t reduction) {
+  if (!flags::deterministic() || reduction == at::Reduction::None ||
+      !rounds(self.scalar_type())) {
+    return functional<ops::mse_loss, T, T, int64_t>(self, target, reduction);
+  }
+  return on_aliases(
+      "ember::deterministic::mse_loss",
+      [&](const at::Tensor& x, const at::Tensor& y) {
+        const at::Tensor loss = at::mse_loss(x, y, at::Reduction::None);
+        return reduction == at::Reduction::Mean
+                   ? mean_cpu(loss, {}, false, loss.scalar_type())
+                   : fixed::sum(loss, {}, false, loss.scalar_type());
+      },
+      self, target);
+}
+
+// --- softmax ----------------------------------------------------------------
+
+namespace {
+
+// Elements after `dim`: 1 when the softmax runs along contiguous rows, the
+// case ATen parallelises by whole rows (thread-count independent).
+int64_t inner_size(const at::Tensor& x, int64_t dim) {
+  if (x.dim() == 0) return 1;
+  const int64_t d = at::maybe_wrap_dim(dim, x.dim());
+  int64_t inner = 1;
+  for (int64_t i = d + 1; i < x.dim(); ++i) inner *= x.size(i);
+  return inner;
+}
+
+// `x` with `dim` moved last and made contiguous: rows ATen reduces whole.
+at::Tensor rows_along(const at::Tensor& x, int64_t dim) {
+  return x.movedim(dim, -1).contiguous();
+}
+
+}  // namespace
+
+at::Tensor softmax(T self, int64_t dim, bool half_to_float) {
+  if (!flags::deterministic() || inner_size(self, dim) == 1) {
+    return functional<ops::_softmax, T, int64_t, bool>(self, dim,
+                                                       half_to_float);
+  }
+  return on_aliases(
+      "ember::deterministic::_softmax",
+      [&](const at::Tensor& x) {
+        const int64_t d = at::maybe_wrap_dim(dim, x.dim());
+        return at::_softmax(rows_along(x, d), -1, half_to_float)
+            .movedim(-1, d)
+            .contiguous();
+      },
+      self);
+}
+
+at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
+                                 at::ScalarType input_dtype) {
+  if (!flags::deterministic() || inner_size(output, dim) == 1) {
+    return functional<ops::_softmax_backward_data, T, T, int64_t,
+                      at::ScalarType>(grad_output, output, dim, input_dtype);
+  }
+  return on_aliases(
+      "ember::deterministic::_softmax_backward_data",
+      [&](const at::Tensor& grad, const at::Tensor& out) {
+        const int64_t d = at::maybe_wrap_dim(dim, out.dim());
+        return at::_softmax_backward_data(rows_along(grad, d),
+                                          rows_along(out, d), -1, input_dtype)
+            .movedim(-1, d)
+            .contiguous();
+      },
+      grad_output, output);
+}
+
+// --- layer norm / group norm -------------------------------------------------
+
+Tensor3 layer_norm_backward(T grad_out, T input,
+                            c10::SymIntArrayRef normalized_shape, T mean,
+                            T rstd, OptT weight, OptT bias,
+                            std::array<bool, 3> output_mask) {
+  if (!flags::deterministic() || !(output_mask[1] || output_mask[2])) {
+    return functional<ops::native_layer_norm_backward, T, T,
+                      c10::SymIntArrayRef, T, T, OptT, OptT,
+                      std::array<bool, 3>>(grad_out, input, normalized_shape,
+                                           mean, rstd, weight, bias,
+                                           output_mask);
+  }
+  return on_aliases(
+      "ember::deterministic::native_layer_norm_backward",
+      [&](const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mu,
+          const at::Tensor& rs, const std::optional<at::Tensor>& w,
+          const std::optional<at::Tensor>& b) {
+        // The input gradient is per row in ATen (thread-count independent);
+        // the weight and bias gradients sum over rows, in a fixed order here.
+        at::Tensor dx;
+        if (output_mask[0]) {
+          dx = std::get<0>(at::native_layer_norm_backward_symint(
+              dy, x, normalized_shape, mu, rs, w, b, {true, false, false}));
+        }
+        const int64_t axis =
+            x.dim() - static_cast<int64_t>(normalized_shape.size());
+        const int64_t cols = c10::multiply_integers(x.sizes().slice(axis));
+        const int64_t rows = c10::multiply_integers(x.sizes().slice(0, axis));
+        const at::ScalarType acc = fixed::accumulate_type(x.scalar_type());
+        const at::Tensor dy2 = dy.reshape({rows, cols}).to(acc);
+        const bool has_w = w.has_value() && w->defined();
+        const bool has_b = b.has_value() && b->defined();
+        at::Tensor dw;
+        at::Tensor db;
+        if (output_mask[1] && has_w) {
+          const at::Tensor xhat =
+              (x.reshape({rows, cols}).to(acc) - mu.reshape({rows, 1}).to(acc))
+                  .mul_(rs.reshape({rows, 1}).to(acc));
+          dw = fixed::sum(dy2 * xhat, {0}, false, acc)
+                   .to(w->scalar_type())
+                   .reshape(w->sizes());
+        }
+        if (output_mask[2] && (has_b || has_w)) {
+          const at::Tensor& like = has_b ? *b : *w;
+          db = fixed::sum(dy2, {0}, false, acc)
+                   .to(like.scalar_type())
+                   .reshape(like.sizes());
+        }
+        return Tensor3(dx, dw, db);
+      },
+      grad_out, input, mean, rstd, weight, bias);
+}
+
+Tensor3 group_norm(T input, OptT weight, OptT bias, c10::SymInt N,
+                   c10::SymInt C, c10::SymInt HxW, int64_t group, double eps) {
+  // ATen's kernel for contiguous input computes each group's moments
+  // serially (thread-count independent); its channels-last kernel splits
+  // the moments between threads.
+  if (!flags::deterministic() || input.is_contiguous()) {
+    return functional<ops::native_group_norm, T, OptT, OptT, c10::SymInt,
+                      c10::SymInt, c10::SymInt, int64_t, double>(
+        input, weight, bias, N, C, HxW, group, eps);
+  }
+  return on_aliases(
+      "ember::deterministic::native_group_norm",
+      [&](const at::Tensor& x, const std::optional<at::Tensor>& w,
+          const std::optional<at::Tensor>& b) {
+        auto [y, mu, rs] = at::native_group_norm_symint(x.contiguous(), w, b, N,
+                                                        C, HxW, group, eps);
+        return Tensor3(y.contiguous(x.suggest_memory_format()), mu, rs);
+      },
+      input, weight, bias);
+}
+
+Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
+                            c10::SymInt N, c10::SymInt C, c10::SymInt HxW,
+                            int64_t group, std::array<bool, 3> output_mask) {
+  if (!flags::deterministic() || input.numel() == 0) {
+    return functional<ops::native_group_norm_backward, T, T, T, T, OptT,
+                      c10::SymInt, c10::SymInt, c10::SymInt, int64_t,
+                      std::array<bool, 3>>(grad_out, input, mean, rstd, weight,
+                                           N, C, HxW, group, output_mask);
+  }
+  return on_aliases(
+      "ember::deterministic::native_group_norm_backward",
+      [&](const at::Tensor& dY, const at::Tensor& X, const at::Tensor& mu,
+          const at::Tensor& rs, const std::optional<at::Tensor>& w) {
+        // ATen's formulas, with every sum in a fixed order:
+        //   ds[n,c] = sum_hw dy*x, db[n,c] = sum_hw dy,
+        //   dgamma[c] = sum_n (ds - db*mean) * rstd, dbeta[c] = sum_n db,
+        //   dx = rstd*gamma*dy + c2*x + c3 per group.
+        const int64_t n = N.guard_int(__FILE__, __LINE__);
+        const int64_t c = C.guard_int(__FILE__, __LINE__);
+        const int64_t hw = HxW.guard_int(__FILE__, __LINE__);
+        const int64_t g = group;
+        const int64_t d = c / g;
+        const at::ScalarType acc = fixed::accumulate_type(X.scalar_type());
+        const at::Tensor x = X.to(acc).reshape({n, c, hw});
+        const at::Tensor dy = dY.to(acc).reshape({n, c, hw});
+        const at::Tensor ds = fixed::sum(dy * x, {2}, false, acc);
+        const at::Tensor db = fixed::sum(dy, {2}, false, acc);
+        const at::Tensor m = mu.to(acc).reshape({n, g, 1});
+        const at::Tensor r = rs.to(acc).reshape({n, g, 1});
+        const bool has_w = w.has_value() && w->defined();
+        const at::Tensor gamma = has_w ? w->to(acc).reshape({1, g, d})
+                                       : at::ones({1, g, d}, x.options());
+        at::Tensor dx;
+        at::Tensor dgamma;
+        at::Tensor dbeta;
+        if (output_mask[0]) {
+          const at::Tensor ds_g =
+              fixed::sum(ds.reshape({n, g, d}) * gamma, {2}, true, acc);
+          const at::Tensor db_g =
+              fixed::sum(db.reshape({n, g, d}) * gamma, {2}, true, acc);
+          const double s = 1.0 / static_cast<double>(d * hw);
+          const at::Tensor c1 = (r * gamma).reshape({n, c, 1});
+          const at::Tensor c2 = (db_g * m - ds_g) * r * r * r * s;
+          const at::Tensor c3 = -c2 * m - db_g * r * s;
+          dx = ((dy * c1).reshape({n, g, d * hw}) +
+                x.reshape({n, g, d * hw}) * c2 + c3)
+                   .reshape(X.sizes())
+                   .to(X.scalar_type())
+                   .contiguous(X.suggest_memory_format());
+        }
+        const at::ScalarType param_dtype =
+            has_w ? w->scalar_type() : X.scalar_type();
+        if (output_mask[1]) {
+          dgamma = fixed::sum(
+                       (ds.reshape({n, g, d}) - db.reshape({n, g, d}) * m) * r,
+                       {0}, false, acc)
+                       .reshape({c})
+                       .to(param_dtype);
+        }
+        if (output_mask[2]) {
+          dbeta = fixed::sum(db, {0}, false, acc).to(param_dtype);
+        }
+        return Tensor3(dx, dgamma, dbeta);
+      },
+      grad_out, input, mean, rstd, weight);
+}
+
+// --- boxed: serial delegation and alerts -----------------------------------
+
+void serial_when_deterministic(const c10::OperatorHandle& op,
+                               c10::DispatchKeySet keys,
+                               torch::jit::Stack* stack) {
+  if (!flags::deterministic()) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  // Stream::run executes inline on this thread, so the CPU kernel runs
+  // inside the serial region.
+  RECORD_FUNCTION("ember::deterministic::serial",
+                  c10::ArrayRef<const c10::IValue>{});
+  fixed::run_serially([&] { cpu_delegation_fallback(op, keys, stack); });
+}
+
+void put_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+          torch::jit::Stack* stack) {
+  // put_(self, index, source, accumulate): accumulate is last.
+  const bool accumulate = stack->back().toBool();
+  if (flags::deterministic() && !accumulate &&
+      !at::globalContext().deterministicAlgorithms()) {
+    // (Under use_deterministic_algorithms the CPU kernel alerts itself.)
+    flags::alert_not_deterministic("put_");
+  }
+  serial_when_deterministic(op, keys, stack);
+}
+
+void alert_when_deterministic(const c10::OperatorHandle& op,
+                              c10::DispatchKeySet keys,
+                              torch::jit::Stack* stack) {
+  if (flags::deterministic()) {
+    static thread_local std::string name;
+    name = op.schema().name();
+    if (name.rfind("aten::", 0) == 0) name = name.substr(6);
+    flags::alert_not_deterministic(name.c_str());
+  }
+  cpu_delegation_fallback(op, keys, stack);
+}
+
+}  // namespace ember::kernels::deterministic

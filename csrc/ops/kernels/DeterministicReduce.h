@@ -1,0 +1,63 @@
+// Sums in a fixed order: the building block of ember's deterministic mode
+// (flags::deterministic()). ATen's CPU reductions split a long reduction
+// into one chunk per thread and add the chunks' partial results, so the
+// rounding depends on torch.get_num_threads(). Here the split is a function
+// of the shape alone:
+//
+//   the input, viewed as K kept rows x R reduced columns, is cut into tiles
+//   of at most kTileElements (whole rows when R is short, one row and
+//   kTileElements columns when it is long); each tile is reduced serially by
+//   ATen's own kernel (inside a parallel region, so it never splits further);
+//   the per-tile partials of a row are then added serially.
+//
+// Tiles are independent, so they run in parallel; which thread reduces a
+// tile changes nothing. Results are bitwise identical for every thread count
+// and every run (not bitwise equal to ATen's, which is itself only fixed
+// for a fixed thread count).
+//
+// Everything here works on CPU tensors (the aliases of ember tensors).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/FunctionRef.h>
+
+#include <cstdint>
+
+namespace ember::deterministic {
+
+// Elements one tile covers. A constant: changing it changes the rounding
+// of deterministic results (never their reproducibility).
+inline constexpr int64_t kTileElements = 32768;
+
+// Runs fn(i) for every i in [0, n) on ATen's intra-op threads. Each call
+// runs inside an ATen parallel region, so the ATen kernels it calls never
+// split their work further (they run serially, whichever thread runs them).
+// Why not at::parallel_for: it is a header template, and ember is built
+// without OpenMP, so here it would always run inline, outside any region.
+// TensorIterator::for_each is compiled into libtorch with ATen's threading.
+// Call 0 runs on the calling thread (whose allocation capture and
+// dispatcher state are the op's); the others may run on worker threads,
+// which should only write into tensors allocated beforehand.
+void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn);
+
+// Runs fn on the calling thread with ATen kernels serial inside it.
+void run_serially(c10::function_ref<void()> fn);
+
+// The dtype partial sums are kept in: float for the 16-bit float types,
+// the input's own otherwise.
+at::ScalarType accumulate_type(at::ScalarType dtype);
+
+// sum(x, dims, keepdim) in dtype `out_dtype`, in a fixed order. An empty
+// `dims` reduces every dimension (as at::sum). Floating and complex inputs
+// only; the caller passes others to ATen (integer sums do not round).
+at::Tensor sum(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
+               at::ScalarType out_dtype);
+
+// Number of elements each output element of a reduction over `dims` sums.
+int64_t reduced_count(const at::Tensor& x, at::IntArrayRef dims);
+
+// The dims of an optional dim list, wrapped and sorted (empty = all).
+c10::SmallVector<int64_t, 8> wrap_dims(const at::Tensor& x,
+                                       at::OptionalIntArrayRef dims);
+
+}  // namespace ember::deterministic
