@@ -1,6 +1,7 @@
 #include "ops/kernels/DeterministicOps.h"
 
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
@@ -11,6 +12,7 @@
 #include <ATen/ops/abs.h>
 #include <ATen/ops/complex.h>
 #include <ATen/ops/imag.h>
+#include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/linalg_vector_norm_ops.h>
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mse_loss.h>
@@ -95,7 +97,14 @@ at::Tensor mean_cpu(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
   return total.to(out);
 }
 
-// Two passes: the mean, then the sum of squared deviations from it.
+// Columns [c0, c0 + cn) of rows [r0, r0 + rn) of a RowLayout matrix.
+at::Tensor tile_of(const at::Tensor& m, int64_t r0, int64_t rn, int64_t c0,
+                   int64_t cn) {
+  return m.narrow(0, r0, rn).narrow(1, c0, cn);
+}
+
+// Two passes: the mean, then the sum of squared deviations from it (each
+// tile subtracts its rows' means, so no full-size temporary).
 std::pair<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& x,
                                                at::IntArrayRef dims,
                                                double correction,
@@ -108,14 +117,29 @@ std::pair<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& x,
     return {var_re.add_(var_im), at::complex(mean_re, mean_im)};
   }
   const at::ScalarType acc = fixed::accumulate_type(x.scalar_type());
-  const at::Tensor xa = x.to(acc);
-  const auto count = static_cast<double>(fixed::reduced_count(x, dims));
-  at::Tensor mean = fixed::sum(xa, dims, /*keepdim=*/true, acc).div_(count);
-  const at::Tensor deviation = xa - mean;
-  at::Tensor var = fixed::sum(deviation * deviation, dims, keepdim, acc)
-                       .div_(std::max(0.0, count - correction));
-  if (!keepdim) mean = squeeze_dims(mean, dims);
-  return {var.to(x.scalar_type()), mean.to(x.scalar_type())};
+  const fixed::RowLayout layout = fixed::row_layout(x, dims, keepdim);
+  const at::Tensor m = layout.matrix(x);
+  const bool along = fixed::columns_contiguous(m);
+  const auto options = x.options().dtype(acc);
+  const auto count = static_cast<double>(layout.cols);
+  at::Tensor mean =
+      fixed::tile_sums(
+          layout.rows, layout.cols, along, options,
+          [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+            at::sum_out(out, tile_of(m, r0, rn, c0, cn), 1, false, acc);
+          })
+          .div_(count);
+  at::Tensor var =
+      fixed::tile_sums(
+          layout.rows, layout.cols, along, options,
+          [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+            at::Tensor deviation = tile_of(m, r0, rn, c0, cn).to(acc) -
+                                   mean.narrow(0, r0, rn).unsqueeze(1);
+            at::sum_out(out, deviation.mul_(deviation), 1);
+          })
+          .div_(std::max(0.0, count - correction));
+  return {var.to(x.scalar_type()).reshape(layout.out_shape),
+          mean.to(x.scalar_type()).reshape(layout.out_shape)};
 }
 
 double correction_of(OptScalar correction) {
@@ -233,22 +257,34 @@ at::Tensor linalg_vector_norm(T self, const at::Scalar& ord, OptDims dim,
   return on_aliases(
       "ember::deterministic::linalg_vector_norm",
       [&](const at::Tensor& x_in) {
+        // Per tile ATen's norm, raised to the p-th power; the powers are
+        // summed in a fixed order and the root taken once.
         const at::Tensor x = dtype.has_value() ? x_in.to(*dtype) : x_in;
         const at::ScalarType out = c10::toRealValueType(x.scalar_type());
         const at::ScalarType acc = fixed::accumulate_type(out);
-        const auto dims = dims_of(x, dim);
-        const at::Tensor a = at::abs(x).to(acc);
-        at::Tensor result;
-        if (p == 0) {
-          result = fixed::sum(a.ne(0).to(acc), dims, keepdim, acc);
-        } else if (p == 1) {
-          result = fixed::sum(a, dims, keepdim, acc);
-        } else if (p == 2) {
-          result = fixed::sum(a * a, dims, keepdim, acc).sqrt_();
-        } else {
-          result = fixed::sum(a.pow(p), dims, keepdim, acc).pow_(1.0 / p);
+        const std::optional<at::ScalarType> tile_dtype =
+            !x.is_complex() && x.scalar_type() != acc
+                ? std::optional<at::ScalarType>(acc)
+                : std::nullopt;
+        const bool powered = p != 0 && p != 1;
+        const fixed::RowLayout layout =
+            fixed::row_layout(x, dims_of(x, dim), keepdim);
+        const at::Tensor m = layout.matrix(x);
+        at::Tensor total = fixed::tile_sums(
+            layout.rows, layout.cols, fixed::columns_contiguous(m),
+            x.options().dtype(acc),
+            [&](at::Tensor& part, int64_t r0, int64_t rn, int64_t c0,
+                int64_t cn) {
+              at::linalg_vector_norm_out(part, tile_of(m, r0, rn, c0, cn), ord,
+                                         1, false, tile_dtype);
+              if (powered) part.pow_(p);
+            });
+        if (p == 2) {
+          total.sqrt_();
+        } else if (powered) {
+          total.pow_(1.0 / p);
         }
-        return result.to(out);
+        return total.to(out).reshape(layout.out_shape);
       },
       self);
 }
@@ -261,10 +297,23 @@ at::Tensor mse_loss(T self, T target, int64_t reduction) {
   return on_aliases(
       "ember::deterministic::mse_loss",
       [&](const at::Tensor& x, const at::Tensor& y) {
-        const at::Tensor loss = at::mse_loss(x, y, at::Reduction::None);
-        return reduction == at::Reduction::Mean
-                   ? mean_cpu(loss, {}, false, loss.scalar_type())
-                   : fixed::sum(loss, {}, false, loss.scalar_type());
+        const auto shape = at::infer_size(x.sizes(), y.sizes());
+        const at::ScalarType dtype = at::result_type(x, y);
+        const at::ScalarType acc = fixed::accumulate_type(dtype);
+        const at::Tensor a = x.expand(shape).reshape({1, -1});
+        const at::Tensor b = y.expand(shape).reshape({1, -1});
+        at::Tensor total = fixed::tile_sums(
+            1, a.size(1), true, x.options().dtype(acc),
+            [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0,
+                int64_t cn) {
+              at::Tensor d = tile_of(a, r0, rn, c0, cn).to(acc) -
+                             tile_of(b, r0, rn, c0, cn).to(acc);
+              at::sum_out(out, d.mul_(d), 1);
+            });
+        if (reduction == at::Reduction::Mean) {
+          total.div_(static_cast<double>(a.size(1)));
+        }
+        return total.to(dtype).reshape({});
       },
       self, target);
 }
@@ -354,24 +403,42 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         const int64_t cols = c10::multiply_integers(x.sizes().slice(axis));
         const int64_t rows = c10::multiply_integers(x.sizes().slice(0, axis));
         const at::ScalarType acc = fixed::accumulate_type(x.scalar_type());
-        const at::Tensor dy2 = dy.reshape({rows, cols}).to(acc);
+        const auto options = x.options().dtype(acc);
+        // Features as rows, the normalised rows as reduced columns (views).
+        const at::Tensor dy_t = dy.reshape({rows, cols}).t();
+        const at::Tensor x_t = x.reshape({rows, cols}).t();
+        const at::Tensor mu_t = mu.reshape({1, rows}).to(acc);
+        const at::Tensor rs_t = rs.reshape({1, rows}).to(acc);
+        const bool along = fixed::columns_contiguous(x_t);
         const bool has_w = w.has_value() && w->defined();
         const bool has_b = b.has_value() && b->defined();
         at::Tensor dw;
         at::Tensor db;
         if (output_mask[1] && has_w) {
-          const at::Tensor xhat =
-              (x.reshape({rows, cols}).to(acc) - mu.reshape({rows, 1}).to(acc))
-                  .mul_(rs.reshape({rows, 1}).to(acc));
-          dw = fixed::sum(dy2 * xhat, {0}, false, acc)
+          dw = fixed::tile_sums(cols, rows, along, options,
+                                [&](at::Tensor& out, int64_t r0, int64_t rn,
+                                    int64_t c0, int64_t cn) {
+                                  at::Tensor xhat =
+                                      tile_of(x_t, r0, rn, c0, cn).to(acc) -
+                                      mu_t.narrow(1, c0, cn);
+                                  xhat.mul_(rs_t.narrow(1, c0, cn))
+                                      .mul_(tile_of(dy_t, r0, rn, c0, cn));
+                                  at::sum_out(out, xhat, 1);
+                                })
                    .to(w->scalar_type())
                    .reshape(w->sizes());
         }
         if (output_mask[2] && (has_b || has_w)) {
           const at::Tensor& like = has_b ? *b : *w;
-          db = fixed::sum(dy2, {0}, false, acc)
-                   .to(like.scalar_type())
-                   .reshape(like.sizes());
+          db =
+              fixed::tile_sums(cols, rows, along, options,
+                               [&](at::Tensor& out, int64_t r0, int64_t rn,
+                                   int64_t c0, int64_t cn) {
+                                 at::sum_out(out, tile_of(dy_t, r0, rn, c0, cn),
+                                             1, false, acc);
+                               })
+                  .to(like.scalar_type())
+                  .reshape(like.sizes());
         }
         return Tensor3(dx, dw, db);
       },
@@ -422,10 +489,28 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
         const int64_t g = group;
         const int64_t d = c / g;
         const at::ScalarType acc = fixed::accumulate_type(X.scalar_type());
-        const at::Tensor x = X.to(acc).reshape({n, c, hw});
-        const at::Tensor dy = dY.to(acc).reshape({n, c, hw});
-        const at::Tensor ds = fixed::sum(dy * x, {2}, false, acc);
-        const at::Tensor db = fixed::sum(dy, {2}, false, acc);
+        const at::Tensor x = X.reshape({n * c, hw});
+        const at::Tensor dy = dY.reshape({n * c, hw});
+        const bool along = fixed::columns_contiguous(x);
+        const auto options = X.options().dtype(acc);
+        const at::Tensor ds =
+            fixed::tile_sums(n * c, hw, along, options,
+                             [&](at::Tensor& out, int64_t r0, int64_t rn,
+                                 int64_t c0, int64_t cn) {
+                               at::Tensor p =
+                                   tile_of(dy, r0, rn, c0, cn).to(acc);
+                               p = p.mul(tile_of(x, r0, rn, c0, cn));
+                               at::sum_out(out, p, 1);
+                             })
+                .reshape({n, c});
+        const at::Tensor db =
+            fixed::tile_sums(n * c, hw, along, options,
+                             [&](at::Tensor& out, int64_t r0, int64_t rn,
+                                 int64_t c0, int64_t cn) {
+                               at::sum_out(out, tile_of(dy, r0, rn, c0, cn), 1,
+                                           false, acc);
+                             })
+                .reshape({n, c});
         const at::Tensor m = mu.to(acc).reshape({n, g, 1});
         const at::Tensor r = rs.to(acc).reshape({n, g, 1});
         const bool has_w = w.has_value() && w->defined();
@@ -443,8 +528,8 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
           const at::Tensor c1 = (r * gamma).reshape({n, c, 1});
           const at::Tensor c2 = (db_g * m - ds_g) * r * r * r * s;
           const at::Tensor c3 = -c2 * m - db_g * r * s;
-          dx = ((dy * c1).reshape({n, g, d * hw}) +
-                x.reshape({n, g, d * hw}) * c2 + c3)
+          dx = ((dY.to(acc).reshape({n, c, hw}) * c1).reshape({n, g, d * hw}) +
+                X.to(acc).reshape({n, g, d * hw}) * c2 + c3)
                    .reshape(X.sizes())
                    .to(X.scalar_type())
                    .contiguous(X.suggest_memory_format());

@@ -70,78 +70,97 @@ int64_t reduced_count(const at::Tensor& x, at::IntArrayRef dims) {
   return count;
 }
 
-at::Tensor sum(const at::Tensor& x, at::IntArrayRef dims_in, bool keepdim,
-               at::ScalarType out_dtype) {
+RowLayout row_layout(const at::Tensor& x, at::IntArrayRef dims_in,
+                     bool keepdim) {
   const auto dims = wrap_dims(x, dims_in);
-
-  // The input as K kept rows x R reduced columns.
+  RowLayout layout;
   std::vector<bool> reduced(std::max<int64_t>(x.dim(), 1), false);
   for (const int64_t d : dims) reduced[d] = true;
-  std::vector<int64_t> order;
-  std::vector<int64_t> out_shape;
-  int64_t rows_total = 1;
-  int64_t cols_total = 1;
   for (const auto d : c10::irange(x.dim())) {
     if (reduced[d]) {
-      if (keepdim) out_shape.push_back(1);
+      if (keepdim) layout.out_shape.push_back(1);
       continue;
     }
-    order.push_back(d);
-    out_shape.push_back(x.size(d));
-    rows_total *= x.size(d);
+    layout.order.push_back(d);
+    layout.out_shape.push_back(x.size(d));
+    layout.rows *= x.size(d);
   }
   for (const int64_t d : dims) {
-    order.push_back(d);
-    cols_total *= x.size(d);
+    layout.order.push_back(d);
+    layout.cols *= x.size(d);
   }
+  return layout;
+}
 
-  if (x.numel() <= kTileElements || x.dim() == 0) {
-    // One tile: ATen's kernel, serially.
-    at::Tensor out = at::empty(out_shape, x.options().dtype(out_dtype));
-    run_serially([&] { at::sum_out(out, x, dims, keepdim, out_dtype); });
-    return out;
+at::Tensor RowLayout::matrix(const at::Tensor& x) const {
+  if (x.dim() == 0) return x.reshape({1, 1});
+  return x.permute(order).reshape({rows, cols});
+}
+
+at::Tensor tile_sums(int64_t rows_total, int64_t cols_total,
+                     bool columns_contiguous, const at::TensorOptions& options,
+                     TileSum tile) {
+  // Tile geometry: a function of the shape (and which way memory runs).
+  int64_t rows;
+  int64_t cols;
+  if (columns_contiguous || rows_total == 1) {
+    cols = std::max<int64_t>(1, std::min(cols_total, kTileElements));
+    rows = std::max<int64_t>(1, kTileElements / cols);
+  } else {
+    // Reducing across rows of contiguous kept elements: tiles span a run
+    // of kept elements and as many reduced columns as fit.
+    rows = std::min(rows_total, kOuterTileRows);
+    cols = std::max<int64_t>(1, std::min(cols_total, kTileElements / rows));
   }
-
-  // A view when the layout allows, a copy otherwise.
-  const at::Tensor matrix = x.permute(order).reshape({rows_total, cols_total});
-
-  // Tile geometry: a function of the shape only.
-  const int64_t cols = std::min(cols_total, kTileElements);
-  const int64_t rows = std::max<int64_t>(1, kTileElements / cols);
-  const int64_t col_blocks = (cols_total + cols - 1) / cols;
+  const int64_t col_blocks =
+      std::max<int64_t>(1, (cols_total + cols - 1) / cols);
   const int64_t row_blocks = (rows_total + rows - 1) / rows;
 
-  const at::ScalarType acc = accumulate_type(out_dtype);
-  at::Tensor partial =
-      at::empty({rows_total, col_blocks}, x.options().dtype(acc));
-  parallel_tiles(row_blocks * col_blocks, [&](int64_t tile) {
-    const int64_t i = tile / col_blocks;
-    const int64_t j = tile % col_blocks;
-    const int64_t r0 = i * rows;
-    const int64_t rn = std::min(rows, rows_total - r0);
-    const int64_t c0 = j * cols;
-    const int64_t cn = std::min(cols, cols_total - c0);
-    at::Tensor out = partial.narrow(0, r0, rn).select(1, j);
-    at::sum_out(out, matrix.narrow(0, r0, rn).narrow(1, c0, cn), 1,
-                /*keepdim=*/false, acc);
-  });
-
-  at::Tensor total;
-  if (col_blocks == 1) {
-    total = partial.select(1, 0);
+  at::Tensor partial = at::empty({rows_total, col_blocks}, options);
+  if (cols_total == 0) {
+    partial.zero_();
   } else {
-    // Each row's partials, added serially; rows in fixed groups.
-    total = at::empty({rows_total}, x.options().dtype(acc));
-    const int64_t group = std::max<int64_t>(1, kTileElements / col_blocks);
-    parallel_tiles((rows_total + group - 1) / group, [&](int64_t g) {
-      const int64_t r0 = g * group;
-      const int64_t rn = std::min(group, rows_total - r0);
-      at::Tensor out = total.narrow(0, r0, rn);
-      at::sum_out(out, partial.narrow(0, r0, rn), 1);
+    parallel_tiles(row_blocks * col_blocks, [&](int64_t index) {
+      const int64_t i = index / col_blocks;
+      const int64_t j = index % col_blocks;
+      const int64_t r0 = i * rows;
+      const int64_t c0 = j * cols;
+      at::Tensor out =
+          partial.narrow(0, r0, std::min(rows, rows_total - r0)).select(1, j);
+      tile(out, r0, std::min(rows, rows_total - r0), c0,
+           std::min(cols, cols_total - c0));
     });
   }
-  if (acc != out_dtype) total = total.to(out_dtype);
-  return total.reshape(out_shape);
+  if (col_blocks == 1) return partial.select(1, 0);
+
+  // Each row's partials, added serially; rows in fixed groups.
+  at::Tensor total = at::empty({rows_total}, options);
+  const int64_t group = std::max<int64_t>(1, kTileElements / col_blocks);
+  parallel_tiles((rows_total + group - 1) / group, [&](int64_t g) {
+    const int64_t r0 = g * group;
+    const int64_t rn = std::min(group, rows_total - r0);
+    at::Tensor out = total.narrow(0, r0, rn);
+    at::sum_out(out, partial.narrow(0, r0, rn), 1);
+  });
+  return total;
+}
+
+bool columns_contiguous(const at::Tensor& matrix) {
+  return matrix.stride(1) <= matrix.stride(0) || matrix.size(0) == 1;
+}
+
+at::Tensor sum(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
+               at::ScalarType out_dtype) {
+  const RowLayout layout = row_layout(x, dims, keepdim);
+  const at::Tensor m = layout.matrix(x);
+  const at::ScalarType acc = accumulate_type(out_dtype);
+  at::Tensor total = tile_sums(
+      layout.rows, layout.cols, columns_contiguous(m), x.options().dtype(acc),
+      [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
+        at::sum_out(out, m.narrow(0, r0, rn).narrow(1, c0, cn), 1,
+                    /*keepdim=*/false, acc);
+      });
+  return total.to(out_dtype).reshape(layout.out_shape);
 }
 
 }  // namespace ember::deterministic

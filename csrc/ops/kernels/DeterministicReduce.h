@@ -22,12 +22,16 @@
 #include <c10/util/FunctionRef.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace ember::deterministic {
 
 // Elements one tile covers. A constant: changing it changes the rounding
 // of deterministic results (never their reproducibility).
 inline constexpr int64_t kTileElements = 32768;
+// Kept elements one tile spans when reducing across rows (sum over dim 0
+// of a row-major matrix).
+inline constexpr int64_t kOuterTileRows = 256;
 
 // Runs fn(i) for every i in [0, n) on ATen's intra-op threads. Each call
 // runs inside an ATen parallel region, so the ATen kernels it calls never
@@ -46,6 +50,35 @@ void run_serially(c10::function_ref<void()> fn);
 // The dtype partial sums are kept in: float for the 16-bit float types,
 // the input's own otherwise.
 at::ScalarType accumulate_type(at::ScalarType dtype);
+
+// A reduction over `dims`, seen as `rows` kept rows x `cols` reduced
+// columns (kept dims in order, then the reduced dims).
+struct RowLayout {
+  std::vector<int64_t> order;      // permutation: kept dims, reduced dims
+  std::vector<int64_t> out_shape;  // the result's shape (keepdim honoured)
+  int64_t rows = 1;
+  int64_t cols = 1;
+  // x as a rows x cols matrix: a view when the layout allows, else a copy.
+  at::Tensor matrix(const at::Tensor& x) const;
+};
+RowLayout row_layout(const at::Tensor& x, at::IntArrayRef dims, bool keepdim);
+
+// Writes into `out` (rn elements) the partial sums over columns
+// [c0, c0 + cn) of rows [r0, r0 + rn) of whatever the caller reduces.
+// Called from worker threads: it must only write `out`.
+using TileSum = c10::function_ref<void(at::Tensor& out, int64_t r0, int64_t rn,
+                                       int64_t c0, int64_t cn)>;
+
+// Per-row sums (a `rows` tensor of `options`' dtype) of a rows x cols
+// reduction: tiles of at most kTileElements, cut by the shape alone (long
+// thin tiles along contiguous memory: `columns_contiguous` says whether
+// consecutive columns or consecutive rows are adjacent in memory), summed
+// in parallel, then each row's tile partials summed serially in order.
+// Whether a rows x cols matrix (RowLayout::matrix) runs along columns.
+bool columns_contiguous(const at::Tensor& matrix);
+
+at::Tensor tile_sums(int64_t rows, int64_t cols, bool columns_contiguous,
+                     const at::TensorOptions& options, TileSum tile);
 
 // sum(x, dims, keepdim) in dtype `out_dtype`, in a fixed order. An empty
 // `dims` reduces every dimension (as at::sum). Floating and complex inputs
