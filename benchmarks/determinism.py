@@ -112,7 +112,9 @@ def cases(quick: bool) -> list[Case]:
             "layer_norm bwd",
             "(8192, 512)",
             lambda: (_t(8192, 512), _t(512, seed=1), _t(512, seed=2)),
-            lambda x, w, b: _grad(lambda *a: F.layer_norm(a[0], (512,), a[1], a[2]), x, w, b, wrt=(0, 1, 2))(),
+            lambda x, w, b: _grad(
+                lambda *a: F.layer_norm(a[0], (512,), a[1], a[2]), x, w, b, wrt=(0, 1, 2)
+            )(),
         ),
         Case(
             "group_norm",
@@ -134,7 +136,9 @@ def cases(quick: bool) -> list[Case]:
             "group_norm bwd",
             "(16, 64, 32, 32) G=8",
             lambda: (_t(16, 64, 32, 32), _t(64, seed=1), _t(64, seed=2)),
-            lambda x, w, b: _grad(lambda *a: F.group_norm(a[0], 8, a[1], a[2]), x, w, b, wrt=(0, 1, 2))(),
+            lambda x, w, b: _grad(
+                lambda *a: F.group_norm(a[0], 8, a[1], a[2]), x, w, b, wrt=(0, 1, 2)
+            )(),
         ),
         Case(
             "index_add",
@@ -157,7 +161,11 @@ def cases(quick: bool) -> list[Case]:
         Case(
             "embedding_bag bwd",
             f"(10000, 64) {idx_n // 4} ids, bags of 20",
-            lambda: (_t(10000, 64), ids(idx_n // 4, 10000), torch.arange(0, idx_n // 4, 20).to(DEVICE)),
+            lambda: (
+                _t(10000, 64),
+                ids(idx_n // 4, 10000),
+                torch.arange(0, idx_n // 4, 20).to(DEVICE),
+            ),
             lambda w, i, o: _grad(lambda ww: F.embedding_bag(i, ww, o, mode="sum"), w)(),
         ),
         Case("mse_loss", f"({n},)", lambda: (_t(n), _t(n, seed=1)), lambda a, b: F.mse_loss(a, b)),
@@ -254,7 +262,9 @@ def main() -> None:
     samples = 7 if args.quick else args.samples
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     results = []
-    print(f"torch {torch.__version__}, torch_ember {getattr(torch_ember, '__version__', '?')}, threads {args.threads}")
+    print(
+        f"torch {torch.__version__}, torch_ember {getattr(torch_ember, '__version__', '?')}, threads {args.threads}"
+    )
     print()
     print("| op | input | off (us) | on (us) | on/off | noise | bits 1 vs 3 threads |")
     print("|---|---|---:|---:|---:|---:|---|")
@@ -274,7 +284,9 @@ def main() -> None:
         print(f"geometric mean on/off: {statistics.geometric_mean(ratios):.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "results": [asdict(r) for r in results]}, f, indent=1)
+            json.dump(
+                {"threads": args.threads, "results": [asdict(r) for r in results]}, f, indent=1
+            )
 
 
 if __name__ == "__main__":
