@@ -112,8 +112,8 @@ def _check(fn: Callable, inputs: tuple, rtol: float, atol: float):
 # (name, fn, inputs builder) for one dtype. Sizes are big enough that ATen
 # splits them between threads (>= 32768 elements in the reduction).
 def _cases(dtype):
-    big = lambda *s, seed=0: _rand(*s, dtype=dtype, seed=seed)  # noqa: E731
-    grad0 = lambda f: _with_grads(f, (0,))  # noqa: E731
+    big = lambda *s, seed=0: _rand(*s, dtype=dtype, seed=seed)
+    grad0 = lambda f: _with_grads(f, (0,))
     return {
         "sum_all": (lambda x: x.sum(), lambda: (big(1_000_003),)),
         "sum_long_dim": (lambda x: x.sum(1), lambda: (big(4, 300_001),)),
@@ -221,9 +221,9 @@ FLOAT64 = ["sum_all", "var_all", "norm3_dim0", "layer_norm", "group_norm", "inde
 BFLOAT16 = ["sum_long_dim", "mean_all", "std_mean", "layer_norm", "group_norm_channels_last"]
 
 TOLERANCE = {
-    torch.float32: dict(rtol=1e-4, atol=1e-4),
-    torch.float64: dict(rtol=1e-9, atol=1e-9),
-    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    torch.float32: {"rtol": 1e-4, "atol": 1e-4},
+    torch.float64: {"rtol": 1e-9, "atol": 1e-9},
+    torch.bfloat16: {"rtol": 2e-2, "atol": 2e-2},
 }
 
 
@@ -234,7 +234,7 @@ def test_float32_bitwise_across_threads(deterministic, name):
     # float64 reference with a tolerance scaled to the sum's length.
     tol = dict(TOLERANCE[torch.float32])
     if name.startswith(("layer_norm", "group_norm", "mse", "index", "scatter", "embedding")):
-        tol = dict(rtol=1e-3, atol=1e-2)
+        tol = {"rtol": 1e-3, "atol": 1e-2}
     _check(fn, make(), **tol)
 
 
@@ -246,7 +246,7 @@ def test_other_dtypes_bitwise_across_threads(deterministic, dtype):
         fn, make = cases[name]
         tol = TOLERANCE[dtype]
         if dtype == torch.bfloat16 and name.startswith(("layer_norm", "group_norm")):
-            tol = dict(rtol=5e-2, atol=1.0)  # weight grads: sums of 4096 bf16 products
+            tol = {"rtol": 5e-2, "atol": 1.0}  # weight grads: sums of 4096 bf16 products
         _check(fn, make(), **tol)
 
 
