@@ -83,10 +83,6 @@ c10::SmallVector<int64_t, 8> dims_of(const at::Tensor& x, OptDims dim) {
   return fixed::wrap_dims(x, dim);
 }
 
-at::Tensor squeeze_dims(const at::Tensor& t, at::IntArrayRef dims) {
-  return dims.empty() || t.dim() == 0 ? t.squeeze() : t.squeeze(dims);
-}
-
 // --- reductions on CPU tensors ---------------------------------------------
 
 at::Tensor mean_cpu(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
@@ -95,12 +91,6 @@ at::Tensor mean_cpu(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
   at::Tensor total = fixed::sum(x, dims, keepdim, acc);
   total.div_(static_cast<double>(fixed::reduced_count(x, dims)));
   return total.to(out);
-}
-
-// Columns [c0, c0 + cn) of rows [r0, r0 + rn) of a RowLayout matrix.
-at::Tensor tile_of(const at::Tensor& m, int64_t r0, int64_t rn, int64_t c0,
-                   int64_t cn) {
-  return m.narrow(0, r0, rn).narrow(1, c0, cn);
 }
 
 // Two passes: the mean, then the sum of squared deviations from it (each
@@ -123,19 +113,28 @@ std::pair<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& x,
   const auto options = x.options().dtype(acc);
   const auto count = static_cast<double>(layout.cols);
   at::Tensor mean =
-      fixed::tile_sums(
-          layout.rows, layout.cols, along, options,
-          [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
-            at::sum_out(out, tile_of(m, r0, rn, c0, cn), 1, false, acc);
-          })
-          .div_(count);
+      fixed::tile_sums(layout.rows, layout.cols, along, options,
+                       [&](const fixed::Tile& t, at::Tensor& partial) {
+                         if (!fixed::native_tile_sum(
+                                 m, t, partial, fixed::TileMap::kIdentity)) {
+                           at::Tensor out = fixed::slot_of(partial, t);
+                           at::sum_out(out, fixed::tile_of(m, t), 1, false,
+                                       acc);
+                         }
+                       })
+          .div_(count)
+          .contiguous();
   at::Tensor var =
       fixed::tile_sums(
           layout.rows, layout.cols, along, options,
-          [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
-            at::Tensor deviation = tile_of(m, r0, rn, c0, cn).to(acc) -
-                                   mean.narrow(0, r0, rn).unsqueeze(1);
-            at::sum_out(out, deviation.mul_(deviation), 1);
+          [&](const fixed::Tile& t, at::Tensor& partial) {
+            if (!fixed::native_tile_sum(
+                    m, t, partial, fixed::TileMap::kSquaredDeviation, mean)) {
+              at::Tensor out = fixed::slot_of(partial, t);
+              at::Tensor deviation = fixed::tile_of(m, t).to(acc) -
+                                     mean.narrow(0, t.r0, t.rn).unsqueeze(1);
+              at::sum_out(out, deviation.mul_(deviation), 1);
+            }
           })
           .div_(std::max(0.0, count - correction));
   return {var.to(x.scalar_type()).reshape(layout.out_shape),
@@ -267,16 +266,23 @@ at::Tensor linalg_vector_norm(T self, const at::Scalar& ord, OptDims dim,
                 ? std::optional<at::ScalarType>(acc)
                 : std::nullopt;
         const bool powered = p != 0 && p != 1;
+        std::optional<fixed::TileMap> native_map;
+        if (!x.is_complex() && p == 1) native_map = fixed::TileMap::kAbs;
+        if (!x.is_complex() && p == 2) native_map = fixed::TileMap::kSquare;
         const fixed::RowLayout layout =
             fixed::row_layout(x, dims_of(x, dim), keepdim);
         const at::Tensor m = layout.matrix(x);
         at::Tensor total = fixed::tile_sums(
             layout.rows, layout.cols, fixed::columns_contiguous(m),
             x.options().dtype(acc),
-            [&](at::Tensor& part, int64_t r0, int64_t rn, int64_t c0,
-                int64_t cn) {
-              at::linalg_vector_norm_out(part, tile_of(m, r0, rn, c0, cn), ord,
-                                         1, false, tile_dtype);
+            [&](const fixed::Tile& t, at::Tensor& partial) {
+              if (native_map.has_value() &&
+                  fixed::native_tile_sum(m, t, partial, *native_map)) {
+                return;  // |x| or x*x summed directly
+              }
+              at::Tensor part = fixed::slot_of(partial, t);
+              at::linalg_vector_norm_out(part, fixed::tile_of(m, t), ord, 1,
+                                         false, tile_dtype);
               if (powered) part.pow_(p);
             });
         if (p == 2) {
@@ -302,14 +308,15 @@ at::Tensor mse_loss(T self, T target, int64_t reduction) {
         const at::ScalarType acc = fixed::accumulate_type(dtype);
         const at::Tensor a = x.expand(shape).reshape({1, -1});
         const at::Tensor b = y.expand(shape).reshape({1, -1});
-        at::Tensor total = fixed::tile_sums(
-            1, a.size(1), true, x.options().dtype(acc),
-            [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0,
-                int64_t cn) {
-              at::Tensor d = tile_of(a, r0, rn, c0, cn).to(acc) -
-                             tile_of(b, r0, rn, c0, cn).to(acc);
-              at::sum_out(out, d.mul_(d), 1);
-            });
+        at::Tensor total =
+            fixed::tile_sums(1, a.size(1), true, x.options().dtype(acc),
+                             [&](const fixed::Tile& t, at::Tensor& partial) {
+                               at::Tensor out = fixed::slot_of(partial, t);
+
+                               at::Tensor d = fixed::tile_of(a, t).to(acc) -
+                                              fixed::tile_of(b, t).to(acc);
+                               at::sum_out(out, d.mul_(d), 1);
+                             });
         if (reduction == at::Reduction::Mean) {
           total.div_(static_cast<double>(a.size(1)));
         }
@@ -416,13 +423,14 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         at::Tensor db;
         if (output_mask[1] && has_w) {
           dw = fixed::tile_sums(cols, rows, along, options,
-                                [&](at::Tensor& out, int64_t r0, int64_t rn,
-                                    int64_t c0, int64_t cn) {
+                                [&](const fixed::Tile& t, at::Tensor& partial) {
+                                  at::Tensor out = fixed::slot_of(partial, t);
+
                                   at::Tensor xhat =
-                                      tile_of(x_t, r0, rn, c0, cn).to(acc) -
-                                      mu_t.narrow(1, c0, cn);
-                                  xhat.mul_(rs_t.narrow(1, c0, cn))
-                                      .mul_(tile_of(dy_t, r0, rn, c0, cn));
+                                      fixed::tile_of(x_t, t).to(acc) -
+                                      mu_t.narrow(1, t.c0, t.cn);
+                                  xhat.mul_(rs_t.narrow(1, t.c0, t.cn))
+                                      .mul_(fixed::tile_of(dy_t, t));
                                   at::sum_out(out, xhat, 1);
                                 })
                    .to(w->scalar_type())
@@ -430,15 +438,15 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         }
         if (output_mask[2] && (has_b || has_w)) {
           const at::Tensor& like = has_b ? *b : *w;
-          db =
-              fixed::tile_sums(cols, rows, along, options,
-                               [&](at::Tensor& out, int64_t r0, int64_t rn,
-                                   int64_t c0, int64_t cn) {
-                                 at::sum_out(out, tile_of(dy_t, r0, rn, c0, cn),
-                                             1, false, acc);
-                               })
-                  .to(like.scalar_type())
-                  .reshape(like.sizes());
+          db = fixed::tile_sums(cols, rows, along, options,
+                                [&](const fixed::Tile& t, at::Tensor& partial) {
+                                  at::Tensor out = fixed::slot_of(partial, t);
+
+                                  at::sum_out(out, fixed::tile_of(dy_t, t), 1,
+                                              false, acc);
+                                })
+                   .to(like.scalar_type())
+                   .reshape(like.sizes());
         }
         return Tensor3(dx, dw, db);
       },
@@ -495,20 +503,21 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
         const auto options = X.options().dtype(acc);
         const at::Tensor ds =
             fixed::tile_sums(n * c, hw, along, options,
-                             [&](at::Tensor& out, int64_t r0, int64_t rn,
-                                 int64_t c0, int64_t cn) {
-                               at::Tensor p =
-                                   tile_of(dy, r0, rn, c0, cn).to(acc);
-                               p = p.mul(tile_of(x, r0, rn, c0, cn));
+                             [&](const fixed::Tile& t, at::Tensor& partial) {
+                               at::Tensor out = fixed::slot_of(partial, t);
+
+                               at::Tensor p = fixed::tile_of(dy, t).to(acc);
+                               p = p.mul(fixed::tile_of(x, t));
                                at::sum_out(out, p, 1);
                              })
                 .reshape({n, c});
         const at::Tensor db =
             fixed::tile_sums(n * c, hw, along, options,
-                             [&](at::Tensor& out, int64_t r0, int64_t rn,
-                                 int64_t c0, int64_t cn) {
-                               at::sum_out(out, tile_of(dy, r0, rn, c0, cn), 1,
-                                           false, acc);
+                             [&](const fixed::Tile& t, at::Tensor& partial) {
+                               at::Tensor out = fixed::slot_of(partial, t);
+
+                               at::sum_out(out, fixed::tile_of(dy, t), 1, false,
+                                           acc);
                              })
                 .reshape({n, c});
         const at::Tensor m = mu.to(acc).reshape({n, g, 1});

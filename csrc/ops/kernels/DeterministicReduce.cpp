@@ -9,6 +9,8 @@
 #include <c10/util/irange.h>
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace ember::deterministic {
@@ -39,6 +41,159 @@ void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn) {
 
 void run_serially(c10::function_ref<void()> fn) {
   parallel_tiles(1, [&](int64_t) { fn(); });
+}
+
+namespace {
+
+constexpr int64_t kLanes = 32;
+
+}  // namespace
+
+// The loops, for any x86-64 and for AVX2 machines (same arithmetic).
+#define EMBER_TILE_NS loops_default
+#define EMBER_TILE_ATTR __attribute__((optimize("O3", "fp-contract=off")))
+#include "ops/kernels/DeterministicTileLoops.h"
+#undef EMBER_TILE_NS
+#undef EMBER_TILE_ATTR
+#if defined(__x86_64__) && defined(__GNUC__)
+#define EMBER_HAVE_AVX2_LOOPS 1
+#define EMBER_TILE_NS loops_avx2
+#define EMBER_TILE_ATTR \
+  __attribute__((target("avx2"), optimize("O3", "fp-contract=off")))
+#include "ops/kernels/DeterministicTileLoops.h"
+#undef EMBER_TILE_NS
+#undef EMBER_TILE_ATTR
+#endif
+
+namespace {
+
+bool use_avx2() {
+#ifdef EMBER_HAVE_AVX2_LOOPS
+  static const bool supported = __builtin_cpu_supports("avx2");
+  return supported;
+#else
+  return false;
+#endif
+}
+
+template <TileMap M, class In, class Acc>
+void sum_rows(const In* data, int64_t row_stride, int64_t rows, int64_t cols,
+              const Acc* center, Acc* out, int64_t out_stride) {
+#ifdef EMBER_HAVE_AVX2_LOOPS
+  if (use_avx2()) {
+    loops_avx2::sum_rows<M, In, Acc>(data, row_stride, rows, cols, center, out,
+                                     out_stride);
+    return;
+  }
+#endif
+  loops_default::sum_rows<M, In, Acc>(data, row_stride, rows, cols, center, out,
+                                      out_stride);
+}
+
+template <TileMap M, class In, class Acc>
+void sum_columns(const In* data, int64_t col_stride, int64_t rows, int64_t cols,
+                 const Acc* center, Acc* out, int64_t out_stride) {
+#ifdef EMBER_HAVE_AVX2_LOOPS
+  if (use_avx2()) {
+    loops_avx2::sum_columns<M, In, Acc>(data, col_stride, rows, cols, center,
+                                        out, out_stride);
+    return;
+  }
+#endif
+  loops_default::sum_columns<M, In, Acc>(data, col_stride, rows, cols, center,
+                                         out, out_stride);
+}
+
+template <class In, class Acc>
+bool tile_sum_typed(const at::Tensor& matrix, const Tile& t,
+                    at::Tensor& partial, TileMap map,
+                    const at::Tensor& center) {
+  const int64_t s0 = matrix.stride(0);
+  const int64_t s1 = matrix.stride(1);
+  const bool along_rows = s1 == 1 || t.cn == 1;
+  const bool along_columns = s0 == 1 && t.rn <= kOuterTileRows;
+  if (!along_rows && !along_columns) return false;
+  const In* data = matrix.const_data_ptr<In>() + t.r0 * s0 + t.c0 * s1;
+  Acc* out = partial.mutable_data_ptr<Acc>() + t.r0 * partial.stride(0) +
+             t.block * partial.stride(1);
+  const Acc* ctr =
+      center.defined() ? center.const_data_ptr<Acc>() + t.r0 : nullptr;
+  const auto run = [&](auto m) {
+    constexpr TileMap M = decltype(m)::value;
+    if (along_rows) {
+      sum_rows<M, In, Acc>(data, s0, t.rn, t.cn, ctr, out, partial.stride(0));
+    } else {
+      sum_columns<M, In, Acc>(data, s1, t.rn, t.cn, ctr, out,
+                              partial.stride(0));
+    }
+  };
+  switch (map) {
+    case TileMap::kIdentity:
+      run(std::integral_constant<TileMap, TileMap::kIdentity>());
+      break;
+    case TileMap::kAbs:
+      run(std::integral_constant<TileMap, TileMap::kAbs>());
+      break;
+    case TileMap::kSquare:
+      run(std::integral_constant<TileMap, TileMap::kSquare>());
+      break;
+    case TileMap::kSquaredDeviation:
+      run(std::integral_constant<TileMap, TileMap::kSquaredDeviation>());
+      break;
+  }
+  return true;
+}
+
+template <class Acc>
+bool tile_sum_for(const at::Tensor& matrix, const Tile& t, at::Tensor& partial,
+                  TileMap map, const at::Tensor& center) {
+  switch (matrix.scalar_type()) {
+    case at::kFloat:
+      return tile_sum_typed<float, Acc>(matrix, t, partial, map, center);
+    case at::kDouble:
+      return tile_sum_typed<double, Acc>(matrix, t, partial, map, center);
+    case at::kBFloat16:
+      return tile_sum_typed<c10::BFloat16, Acc>(matrix, t, partial, map,
+                                                center);
+    case at::kHalf:
+      return tile_sum_typed<c10::Half, Acc>(matrix, t, partial, map, center);
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+at::Tensor tile_of(const at::Tensor& matrix, const Tile& t) {
+  return matrix.narrow(0, t.r0, t.rn).narrow(1, t.c0, t.cn);
+}
+
+at::Tensor slot_of(const at::Tensor& partial, const Tile& t) {
+  return partial.narrow(0, t.r0, t.rn).select(1, t.block);
+}
+
+bool native_tile_sum(const at::Tensor& matrix, const Tile& t,
+                     at::Tensor& partial, TileMap map,
+                     const at::Tensor& center) {
+  if (matrix.dim() != 2 || partial.dim() != 2 || t.rn == 0 || t.cn == 0) {
+    return false;
+  }
+  if (center.defined() && (center.scalar_type() != partial.scalar_type() ||
+                           !center.is_contiguous())) {
+    return false;
+  }
+  if (map == TileMap::kSquaredDeviation && !center.defined()) return false;
+  if (matrix.is_conj() || matrix.is_neg()) return false;
+  switch (partial.scalar_type()) {
+    case at::kFloat:
+      // float accumulation of double input would lose precision.
+      if (matrix.scalar_type() == at::kDouble) return false;
+      return tile_sum_for<float>(matrix, t, partial, map, center);
+    case at::kDouble:
+      return tile_sum_for<double>(matrix, t, partial, map, center);
+    default:
+      return false;
+  }
 }
 
 at::ScalarType accumulate_type(at::ScalarType dtype) {
@@ -123,12 +278,9 @@ at::Tensor tile_sums(int64_t rows_total, int64_t cols_total,
     parallel_tiles(row_blocks * col_blocks, [&](int64_t index) {
       const int64_t i = index / col_blocks;
       const int64_t j = index % col_blocks;
-      const int64_t r0 = i * rows;
-      const int64_t c0 = j * cols;
-      at::Tensor out =
-          partial.narrow(0, r0, std::min(rows, rows_total - r0)).select(1, j);
-      tile(out, r0, std::min(rows, rows_total - r0), c0,
-           std::min(cols, cols_total - c0));
+      const Tile t{i * rows, std::min(rows, rows_total - i * rows), j * cols,
+                   std::min(cols, cols_total - j * cols), j};
+      tile(t, partial);
     });
   }
   if (col_blocks == 1) return partial.select(1, 0);
@@ -156,9 +308,11 @@ at::Tensor sum(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
   const at::ScalarType acc = accumulate_type(out_dtype);
   at::Tensor total = tile_sums(
       layout.rows, layout.cols, columns_contiguous(m), x.options().dtype(acc),
-      [&](at::Tensor& out, int64_t r0, int64_t rn, int64_t c0, int64_t cn) {
-        at::sum_out(out, m.narrow(0, r0, rn).narrow(1, c0, cn), 1,
-                    /*keepdim=*/false, acc);
+      [&](const Tile& t, at::Tensor& partial) {
+        if (!native_tile_sum(m, t, partial, TileMap::kIdentity)) {
+          at::Tensor out = slot_of(partial, t);
+          at::sum_out(out, tile_of(m, t), 1, /*keepdim=*/false, acc);
+        }
       });
   return total.to(out_dtype).reshape(layout.out_shape);
 }

@@ -63,22 +63,46 @@ struct RowLayout {
 };
 RowLayout row_layout(const at::Tensor& x, at::IntArrayRef dims, bool keepdim);
 
-// Writes into `out` (rn elements) the partial sums over columns
-// [c0, c0 + cn) of rows [r0, r0 + rn) of whatever the caller reduces.
-// Called from worker threads: it must only write `out`.
-using TileSum = c10::function_ref<void(at::Tensor& out, int64_t r0, int64_t rn,
-                                       int64_t c0, int64_t cn)>;
+// One tile of a rows x cols reduction: rows [r0, r0 + rn), columns
+// [c0, c0 + cn); its partial sums go to column `block` of the partial
+// matrix (rows x column blocks).
+struct Tile {
+  int64_t r0, rn, c0, cn, block;
+};
 
-// Per-row sums (a `rows` tensor of `options`' dtype) of a rows x cols
-// reduction: tiles of at most kTileElements, cut by the shape alone (long
-// thin tiles along contiguous memory: `columns_contiguous` says whether
-// consecutive columns or consecutive rows are adjacent in memory), summed
-// in parallel, then each row's tile partials summed serially in order.
+// Writes the partial sums of one tile (of whatever the caller reduces) into
+// its slot of `partial`. Called from worker threads: it must only write
+// that slot.
+using TileSum = c10::function_ref<void(const Tile& tile, at::Tensor& partial)>;
+
+// The tile of a RowLayout matrix, and its slot in the partial matrix.
+at::Tensor tile_of(const at::Tensor& matrix, const Tile& tile);
+at::Tensor slot_of(const at::Tensor& partial, const Tile& tile);
+
 // Whether a rows x cols matrix (RowLayout::matrix) runs along columns.
 bool columns_contiguous(const at::Tensor& matrix);
 
 at::Tensor tile_sums(int64_t rows, int64_t cols, bool columns_contiguous,
                      const at::TensorOptions& options, TileSum tile);
+
+// What a tile sums, element by element.
+enum class TileMap : uint8_t {
+  kIdentity,          // x
+  kAbs,               // |x|
+  kSquare,            // x * x
+  kSquaredDeviation,  // (x - center[row])^2
+};
+
+// Sums `map` of a tile of `matrix` into its slot of `partial` (float or
+// double) with plain loops, for float, double, bfloat16 and half matrices
+// laid out along rows or along columns; returns false (and does nothing)
+// for anything else, which the caller then hands to ATen. `center`
+// (kSquaredDeviation only) holds one value per matrix row, in partial's
+// dtype, contiguous. Fixed order: 32 interleaved accumulators per row
+// combined pairwise, or one accumulator per row stepping column by column.
+bool native_tile_sum(const at::Tensor& matrix, const Tile& tile,
+                     at::Tensor& partial, TileMap map,
+                     const at::Tensor& center = at::Tensor());
 
 // sum(x, dims, keepdim) in dtype `out_dtype`, in a fixed order. An empty
 // `dims` reduces every dimension (as at::sum). Floating and complex inputs
