@@ -19,11 +19,33 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var_mean.correction", TORCH_FN(det::var_mean));
   m.impl("std_mean.correction", TORCH_FN(det::std_mean));
   m.impl("linalg_vector_norm", TORCH_FN(det::linalg_vector_norm));
+  m.impl("nansum", TORCH_FN(det::nansum));
+  m.impl("norm.ScalarOpt_dim", TORCH_FN(det::norm));
   m.impl("mse_loss", TORCH_FN(det::mse_loss));
   m.impl("_softmax_backward_data", TORCH_FN(det::softmax_backward_data));
   m.impl("native_layer_norm_backward", TORCH_FN(det::layer_norm_backward));
   m.impl("native_group_norm", TORCH_FN(det::group_norm));
   m.impl("native_group_norm_backward", TORCH_FN(det::group_norm_backward));
+
+  // Losses that reduce inside their CPU kernel.
+  const auto loss = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&det::loss_reduction>();
+  };
+  m.impl("smooth_l1_loss", loss());
+  m.impl("huber_loss", loss());
+  m.impl("binary_cross_entropy", loss());
+  m.impl("multi_margin_loss", loss());
+  // out= forms.
+  const auto out = [] {
+    return torch::CppFunction::makeFromBoxedFunction<&det::reduction_out>();
+  };
+  m.impl("sum.IntList_out", out());
+  m.impl("mean.out", out());
+  m.impl("nansum.out", out());
+  m.impl("var.correction_out", out());
+  m.impl("std.correction_out", out());
+  m.impl("linalg_vector_norm.out", out());
+  m.impl("norm.out", out());
 
   // ATen's kernel, serially (order-dependent only through threads).
   const auto serial = [] {
@@ -34,6 +56,56 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_copy_", serial());
   m.impl("index_copy", serial());
   m.impl("index_copy.out", serial());
+  // Elementwise ops whose vectorised and scalar loops round differently:
+  // ATen's thread split decides which elements take the scalar tail.
+  for (const char* name : {"sigmoid",
+                           "sigmoid_",
+                           "sigmoid.out",
+                           "sigmoid_backward",
+                           "sigmoid_backward.grad_input",
+                           "silu",
+                           "silu_",
+                           "silu.out",
+                           "silu_backward",
+                           "silu_backward.grad_input",
+                           "mish",
+                           "mish_",
+                           "mish.out",
+                           "mish_backward",
+                           "softplus",
+                           "softplus.out",
+                           "softplus_backward",
+                           "softplus_backward.grad_input",
+                           "elu",
+                           "elu_",
+                           "elu.out",
+                           "elu_backward",
+                           "elu_backward.grad_input",
+                           "pow.Tensor_Scalar",
+                           "pow_.Scalar",
+                           "pow.Tensor_Scalar_out",
+                           "pow.Tensor_Tensor",
+                           "pow_.Tensor",
+                           "pow.Tensor_Tensor_out",
+                           "pow.Scalar",
+                           "pow.Scalar_out",
+                           "atan2",
+                           "atan2_",
+                           "atan2.out",
+                           "atanh",
+                           "atanh_",
+                           "atanh.out",
+                           "cosh",
+                           "cosh_",
+                           "cosh.out",
+                           "sinh",
+                           "sinh_",
+                           "sinh.out",
+                           "exp2",
+                           "exp2_",
+                           "exp2.out"}) {
+    m.impl(name, serial());
+  }
   m.impl("put_", torch::CppFunction::makeFromBoxedFunction<&det::put_>());
 
   // No deterministic implementation: raise (or warn) under the mode.

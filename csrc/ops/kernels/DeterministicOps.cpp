@@ -5,6 +5,7 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Reduction.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/_softmax.h>
 #include <ATen/ops/_softmax_backward_data.h>
 #include <ATen/ops/_softmax_backward_data_ops.h>
@@ -17,11 +18,13 @@
 #include <ATen/ops/mean_ops.h>
 #include <ATen/ops/mse_loss.h>
 #include <ATen/ops/mse_loss_ops.h>
+#include <ATen/ops/nansum_ops.h>
 #include <ATen/ops/native_group_norm.h>
 #include <ATen/ops/native_group_norm_backward_ops.h>
 #include <ATen/ops/native_group_norm_ops.h>
 #include <ATen/ops/native_layer_norm_backward.h>
 #include <ATen/ops/native_layer_norm_backward_ops.h>
+#include <ATen/ops/norm_ops.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/real.h>
 #include <ATen/ops/std_mean_ops.h>
@@ -33,6 +36,7 @@
 
 #include <cmath>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "core/CpuAllocationCapture.h"
@@ -288,11 +292,39 @@ at::Tensor linalg_vector_norm(T self, const at::Scalar& ord, OptDims dim,
         if (p == 2) {
           total.sqrt_();
         } else if (powered) {
-          total.pow_(1.0 / p);
+          // pow's vector and scalar paths round differently, and ATen's
+          // thread split decides which elements take which: serially.
+          fixed::run_serially([&] { total.pow_(1.0 / p); });
         }
         return total.to(out).reshape(layout.out_shape);
       },
       self);
+}
+
+at::Tensor nansum(T self, OptDims dim, bool keepdim, OptDtype dtype) {
+  const at::ScalarType out = dtype.value_or(self.scalar_type());
+  if (!flags::deterministic() || !rounds(out) || !rounds(self.scalar_type())) {
+    return functional<ops::nansum, T, OptDims, bool, OptDtype>(self, dim,
+                                                               keepdim, dtype);
+  }
+  return on_aliases(
+      "ember::deterministic::nansum",
+      [&](const at::Tensor& x) {
+        return fixed::sum(x.masked_fill(x.isnan(), 0), dims_of(x, dim), keepdim,
+                          out);
+      },
+      self);
+}
+
+at::Tensor norm(T self, const std::optional<at::Scalar>& p, at::IntArrayRef dim,
+                bool keepdim) {
+  if (!flags::deterministic()) {
+    return functional<ops::norm_ScalarOpt_dim, T,
+                      const std::optional<at::Scalar>&, at::IntArrayRef, bool>(
+        self, p, dim, keepdim);
+  }
+  return kernels::deterministic::linalg_vector_norm(self, p.value_or(2), dim,
+                                                    keepdim, std::nullopt);
 }
 
 at::Tensor mse_loss(T self, T target, int64_t reduction) {
@@ -586,6 +618,72 @@ void put_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
     flags::alert_not_deterministic("put_");
   }
   serial_when_deterministic(op, keys, stack);
+}
+
+void loss_reduction(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack) {
+  if (!flags::deterministic()) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - arguments.size();
+  size_t index = 0;
+  while (index < arguments.size() && arguments[index].name() != "reduction") {
+    ++index;
+  }
+  TORCH_INTERNAL_ASSERT(index < arguments.size(), op.schema().name(),
+                        " has no reduction argument");
+  c10::IValue& reduction = (*stack)[first + index];
+  const int64_t mode = reduction.toInt();
+  if (mode == at::Reduction::None) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  RECORD_FUNCTION("ember::deterministic::loss_reduction",
+                  c10::ArrayRef<const c10::IValue>{});
+  reduction = c10::IValue(static_cast<int64_t>(at::Reduction::None));
+  cpu_delegation_fallback(op, keys, stack);
+  // The elementwise loss (an ember tensor), reduced by ember's kernels.
+  const at::Tensor unreduced = stack->back().toTensor();
+  stack->pop_back();
+  stack->emplace_back(mode == at::Reduction::Mean ? unreduced.mean()
+                                                  : unreduced.sum());
+}
+
+void reduction_out(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack) {
+  if (!flags::deterministic()) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  // sum.IntList_out -> sum.dim_IntList, mean.out -> mean.dim, ...: the
+  // functional overload takes the same arguments minus `out`.
+  static const std::unordered_map<std::string, std::string> functional_of = {
+      {"aten::sum.IntList_out", "dim_IntList"},
+      {"aten::mean.out", "dim"},
+      {"aten::nansum.out", ""},
+      {"aten::var.correction_out", "correction"},
+      {"aten::std.correction_out", "correction"},
+      {"aten::linalg_vector_norm.out", ""},
+      {"aten::norm.out", "ScalarOpt_dim"},
+  };
+  const auto& schema = op.schema();
+  const std::string name = schema.name() + "." + schema.overload_name();
+  const auto it = functional_of.find(name);
+  TORCH_INTERNAL_ASSERT(it != functional_of.end(), name,
+                        " has no functional form here");
+  const c10::OperatorHandle functional_op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(schema.name().c_str(),
+                                                     it->second.c_str());
+  at::Tensor out = stack->back().toTensor();
+  stack->pop_back();
+  functional_op.callBoxed(stack);  // below autograd: ember's kernel
+  const at::Tensor result = stack->back().toTensor();
+  stack->pop_back();
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  stack->emplace_back(out);
 }
 
 void alert_when_deterministic(const c10::OperatorHandle& op,

@@ -49,6 +49,10 @@ std::tuple<at::Tensor, at::Tensor> std_mean(
 at::Tensor linalg_vector_norm(T self, const at::Scalar& ord,
                               at::OptionalIntArrayRef dim, bool keepdim,
                               std::optional<at::ScalarType> dtype);
+at::Tensor nansum(T self, at::OptionalIntArrayRef dim, bool keepdim,
+                  std::optional<at::ScalarType> dtype);
+at::Tensor norm(T self, const std::optional<at::Scalar>& p, at::IntArrayRef dim,
+                bool keepdim);
 at::Tensor mse_loss(T self, T target, int64_t reduction);
 
 // Softmax over a dim other than the last (ATen's kernel for that case
@@ -79,6 +83,13 @@ void serial_when_deterministic(const c10::OperatorHandle& op,
 // indices has no deterministic definition (CPU and CUDA raise too).
 void put_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
           torch::jit::Stack* stack);
+// Losses whose CPU kernel reduces inside: the unreduced loss from the CPU
+// kernel, then ember's fixed-order mean or sum.
+void loss_reduction(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                    torch::jit::Stack* stack);
+// out= forms of the reductions above: the functional kernel, copied out.
+void reduction_out(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack);
 // Ops ember cannot make deterministic (their CPU library splits work by
 // thread count internally): raise / warn under the mode, then delegate.
 void alert_when_deterministic(const c10::OperatorHandle& op,
