@@ -329,31 +329,45 @@ def _profiled_names(fn: Callable) -> set[str]:
     return {event.name for event in prof.events()}
 
 
-def _softmax_routed() -> bool:
-    """Whether aten::_softmax on ember reaches ember's deterministic kernel.
+def _routed(kernel: str, fn: Callable) -> bool:
+    """Whether ``fn`` on ember reaches ember's deterministic ``kernel``.
 
-    _softmax is registered in ops/kernels/HotOps.cpp; the deterministic
-    kernel takes effect once that registration points at
-    kernels::deterministic::softmax.
+    _softmax and gelu are registered in ops/kernels/HotOps.cpp; their
+    deterministic kernels take effect once those registrations point at
+    kernels::deterministic::softmax and ::gelu.
     """
-    x = torch.randn(4, 4, device=DEVICE)
     previous = _C.flags.deterministic()
     _C.flags.set_deterministic(True)
     try:
-        return "ember::deterministic::_softmax" in _profiled_names(lambda: x.softmax(0))
+        return f"ember::deterministic::{kernel}" in _profiled_names(fn)
     finally:
         _C.flags.set_deterministic(previous)
 
 
+HOT_OPS_NOT_ROUTED = "HotOps.cpp still registers {} as plain delegation"
+
+
 @pytest.mark.parametrize("dim", [0, 1])
-def test_softmax_over_non_last_dim(deterministic, dim):
-    if not _softmax_routed():
-        pytest.skip("HotOps.cpp still registers _softmax as plain delegation")
+def test_softmax_over_non_last_dim(dim):
+    x = torch.randn(4, 4, device=DEVICE)
+    if not _routed("_softmax", lambda: x.softmax(0)):
+        pytest.skip(HOT_OPS_NOT_ROUTED.format("_softmax"))
+    _C.flags.set_deterministic(True)
     fn = _with_grads(lambda x: x.softmax(dim), (0,))
     _check(fn, (_rand(512, 2048, 3) if dim == 1 else _rand(512, 2048),), rtol=1e-4, atol=1e-5)
 
 
-def test_softmax_backward_over_non_last_dim_is_ember_kernel(deterministic):
+def test_gelu_tanh():
+    x = torch.randn(4, 4, device=DEVICE)
+    if not _routed("gelu", lambda: F.gelu(x, approximate="tanh")):
+        pytest.skip(HOT_OPS_NOT_ROUTED.format("gelu"))
+    _C.flags.set_deterministic(True)
+    fn = _with_grads(lambda x: F.gelu(x, approximate="tanh"), (0,))
+    _check(fn, (_rand(300_007),), rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_backward_over_non_last_dim_is_ember_kernel():
+    _C.flags.set_deterministic(True)
     # The backward kernel is ember's even while _softmax is not routed: the
     # same gradient at every thread count for a fixed forward output.
     out = torch.softmax(_rand(512, 2048), 0).to(DEVICE)

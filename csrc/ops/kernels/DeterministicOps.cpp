@@ -12,6 +12,8 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/complex.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/imag.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/linalg_vector_norm_ops.h>
@@ -410,6 +412,20 @@ at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
             .contiguous();
       },
       grad_output, output);
+}
+
+at::Tensor gelu(T self, c10::string_view approximate) {
+  if (!flags::deterministic() || approximate != "tanh") {
+    return functional<ops::gelu, T, c10::string_view>(self, approximate);
+  }
+  return on_aliases(
+      "ember::deterministic::gelu",
+      [&](const at::Tensor& x) {
+        at::Tensor y;
+        fixed::run_serially([&] { y = at::gelu(x, approximate); });
+        return y;
+      },
+      self);
 }
 
 // --- layer norm / group norm -------------------------------------------------

@@ -62,6 +62,11 @@ at::Tensor softmax(T self, int64_t dim, bool half_to_float);
 at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
                                  at::ScalarType input_dtype);
 
+// gelu(approximate="tanh"), whose vector and scalar loops round
+// differently: run serially. Also registered in ops/kernels/HotOps.cpp,
+// which must point here.
+at::Tensor gelu(T self, c10::string_view approximate);
+
 // Normalisation layers.
 Tensor3 layer_norm_backward(T grad_out, T input,
                             c10::SymIntArrayRef normalized_shape, T mean,
