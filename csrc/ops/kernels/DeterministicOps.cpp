@@ -342,15 +342,19 @@ at::Tensor mse_loss(T self, T target, int64_t reduction) {
         const at::ScalarType acc = fixed::accumulate_type(dtype);
         const at::Tensor a = x.expand(shape).reshape({1, -1});
         const at::Tensor b = y.expand(shape).reshape({1, -1});
-        at::Tensor total =
-            fixed::tile_sums(1, a.size(1), true, x.options().dtype(acc),
-                             [&](const fixed::Tile& t, at::Tensor& partial) {
-                               at::Tensor out = fixed::slot_of(partial, t);
-
-                               at::Tensor d = fixed::tile_of(a, t).to(acc) -
-                                              fixed::tile_of(b, t).to(acc);
-                               at::sum_out(out, d.mul_(d), 1);
-                             });
+        at::Tensor total = fixed::tile_sums(
+            1, a.size(1), true, x.options().dtype(acc),
+            [&](const fixed::Tile& t, at::Tensor& partial) {
+              const fixed::TileInputs in{a, b};
+              if (fixed::native_tile_sum(in, t, partial,
+                                         fixed::TileMap::kSquaredDifference)) {
+                return;
+              }
+              at::Tensor out = fixed::slot_of(partial, t);
+              at::Tensor d =
+                  fixed::tile_of(a, t).to(acc) - fixed::tile_of(b, t).to(acc);
+              at::sum_out(out, d.mul_(d), 1);
+            });
         if (reduction == at::Reduction::Mean) {
           total.div_(static_cast<double>(a.size(1)));
         }
@@ -470,10 +474,20 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         at::Tensor dw;
         at::Tensor db;
         if (output_mask[1] && has_w) {
+          // (x - mean) * rstd * dy, per normalised row (a column here).
+          fixed::TileInputs normalized;
+          normalized.a = x_t;
+          normalized.b = dy_t;
+          normalized.column_center = mu_t.reshape({rows}).contiguous();
+          normalized.column_scale = rs_t.reshape({rows}).contiguous();
           dw = fixed::tile_sums(cols, rows, along, options,
                                 [&](const fixed::Tile& t, at::Tensor& partial) {
+                                  if (fixed::native_tile_sum(
+                                          normalized, t, partial,
+                                          fixed::TileMap::kNormalizedProduct)) {
+                                    return;
+                                  }
                                   at::Tensor out = fixed::slot_of(partial, t);
-
                                   at::Tensor xhat =
                                       fixed::tile_of(x_t, t).to(acc) -
                                       mu_t.narrow(1, t.c0, t.cn);
@@ -486,13 +500,16 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         }
         if (output_mask[2] && (has_b || has_w)) {
           const at::Tensor& like = has_b ? *b : *w;
-          db = fixed::tile_sums(cols, rows, along, options,
-                                [&](const fixed::Tile& t, at::Tensor& partial) {
-                                  at::Tensor out = fixed::slot_of(partial, t);
-
-                                  at::sum_out(out, fixed::tile_of(dy_t, t), 1,
-                                              false, acc);
-                                })
+          db = fixed::tile_sums(
+                   cols, rows, along, options,
+                   [&](const fixed::Tile& t, at::Tensor& partial) {
+                     if (fixed::native_tile_sum(dy_t, t, partial,
+                                                fixed::TileMap::kIdentity)) {
+                       return;
+                     }
+                     at::Tensor out = fixed::slot_of(partial, t);
+                     at::sum_out(out, fixed::tile_of(dy_t, t), 1, false, acc);
+                   })
                    .to(like.scalar_type())
                    .reshape(like.sizes());
         }
@@ -550,29 +567,38 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
         const bool along = fixed::columns_contiguous(x);
         const auto options = X.options().dtype(acc);
         const at::Tensor ds =
-            fixed::tile_sums(n * c, hw, along, options,
-                             [&](const fixed::Tile& t, at::Tensor& partial) {
-                               at::Tensor out = fixed::slot_of(partial, t);
-
-                               at::Tensor p = fixed::tile_of(dy, t).to(acc);
-                               p = p.mul(fixed::tile_of(x, t));
-                               at::sum_out(out, p, 1);
-                             })
+            fixed::tile_sums(
+                n * c, hw, along, options,
+                [&](const fixed::Tile& t, at::Tensor& partial) {
+                  const fixed::TileInputs in{dy, x};
+                  if (fixed::native_tile_sum(in, t, partial,
+                                             fixed::TileMap::kProduct)) {
+                    return;
+                  }
+                  at::Tensor out = fixed::slot_of(partial, t);
+                  at::Tensor p = fixed::tile_of(dy, t).to(acc);
+                  p = p.mul(fixed::tile_of(x, t));
+                  at::sum_out(out, p, 1);
+                })
                 .reshape({n, c});
         const at::Tensor db =
-            fixed::tile_sums(n * c, hw, along, options,
-                             [&](const fixed::Tile& t, at::Tensor& partial) {
-                               at::Tensor out = fixed::slot_of(partial, t);
-
-                               at::sum_out(out, fixed::tile_of(dy, t), 1, false,
-                                           acc);
-                             })
+            fixed::tile_sums(
+                n * c, hw, along, options,
+                [&](const fixed::Tile& t, at::Tensor& partial) {
+                  if (fixed::native_tile_sum(dy, t, partial,
+                                             fixed::TileMap::kIdentity)) {
+                    return;
+                  }
+                  at::Tensor out = fixed::slot_of(partial, t);
+                  at::sum_out(out, fixed::tile_of(dy, t), 1, false, acc);
+                })
                 .reshape({n, c});
         const at::Tensor m = mu.to(acc).reshape({n, g, 1});
         const at::Tensor r = rs.to(acc).reshape({n, g, 1});
         const bool has_w = w.has_value() && w->defined();
-        const at::Tensor gamma = has_w ? w->to(acc).reshape({1, g, d})
-                                       : at::ones({1, g, d}, x.options());
+        const at::Tensor gamma =
+            has_w ? w->to(acc).reshape({1, g, d})
+                  : at::ones({1, g, d}, x.options().dtype(acc));
         at::Tensor dx;
         at::Tensor dgamma;
         at::Tensor dbeta;

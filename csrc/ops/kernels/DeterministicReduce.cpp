@@ -47,6 +47,22 @@ namespace {
 
 constexpr int64_t kLanes = 32;
 
+// Pointers for one tile: rows x cols elements, `stride` between rows
+// (sum_rows) or between columns (sum_columns).
+template <class In, class Acc>
+struct TileLoopArgs {
+  const In* a;
+  const In* b;
+  int64_t stride;
+  int64_t rows;
+  int64_t cols;
+  const Acc* row_center;
+  const Acc* column_center;
+  const Acc* column_scale;
+  Acc* out;
+  int64_t out_stride;
+};
+
 }  // namespace
 
 // The loops, for any x86-64 and for AVX2 machines (same arithmetic).
@@ -77,89 +93,84 @@ bool use_avx2() {
 }
 
 template <TileMap M, class In, class Acc>
-void sum_rows(const In* data, int64_t row_stride, int64_t rows, int64_t cols,
-              const Acc* center, Acc* out, int64_t out_stride) {
+void run_loops(const TileLoopArgs<In, Acc>& args, bool along_rows) {
 #ifdef EMBER_HAVE_AVX2_LOOPS
   if (use_avx2()) {
-    loops_avx2::sum_rows<M, In, Acc>(data, row_stride, rows, cols, center, out,
-                                     out_stride);
+    along_rows ? loops_avx2::sum_rows<M, In, Acc>(args)
+               : loops_avx2::sum_columns<M, In, Acc>(args);
     return;
   }
 #endif
-  loops_default::sum_rows<M, In, Acc>(data, row_stride, rows, cols, center, out,
-                                      out_stride);
+  along_rows ? loops_default::sum_rows<M, In, Acc>(args)
+             : loops_default::sum_columns<M, In, Acc>(args);
 }
 
-template <TileMap M, class In, class Acc>
-void sum_columns(const In* data, int64_t col_stride, int64_t rows, int64_t cols,
-                 const Acc* center, Acc* out, int64_t out_stride) {
-#ifdef EMBER_HAVE_AVX2_LOOPS
-  if (use_avx2()) {
-    loops_avx2::sum_columns<M, In, Acc>(data, col_stride, rows, cols, center,
-                                        out, out_stride);
-    return;
-  }
-#endif
-  loops_default::sum_columns<M, In, Acc>(data, col_stride, rows, cols, center,
-                                         out, out_stride);
+template <class Acc>
+const Acc* pointer_or_null(const at::Tensor& t, int64_t offset) {
+  return t.defined() ? t.const_data_ptr<Acc>() + offset : nullptr;
 }
 
 template <class In, class Acc>
-bool tile_sum_typed(const at::Tensor& matrix, const Tile& t,
-                    at::Tensor& partial, TileMap map,
-                    const at::Tensor& center) {
-  const int64_t s0 = matrix.stride(0);
-  const int64_t s1 = matrix.stride(1);
+bool tile_sum_typed(const TileInputs& in, const Tile& t, at::Tensor& partial,
+                    TileMap map) {
+  const at::Tensor& a = in.a;
+  const int64_t s0 = a.stride(0);
+  const int64_t s1 = a.stride(1);
   const bool along_rows = s1 == 1 || t.cn == 1;
   const bool along_columns = s0 == 1 && t.rn <= kOuterTileRows;
   if (!along_rows && !along_columns) return false;
-  const In* data = matrix.const_data_ptr<In>() + t.r0 * s0 + t.c0 * s1;
-  Acc* out = partial.mutable_data_ptr<Acc>() + t.r0 * partial.stride(0) +
-             t.block * partial.stride(1);
-  const Acc* ctr =
-      center.defined() ? center.const_data_ptr<Acc>() + t.r0 : nullptr;
-  const auto run = [&](auto m) {
-    constexpr TileMap M = decltype(m)::value;
-    if (along_rows) {
-      sum_rows<M, In, Acc>(data, s0, t.rn, t.cn, ctr, out, partial.stride(0));
-    } else {
-      sum_columns<M, In, Acc>(data, s1, t.rn, t.cn, ctr, out,
-                              partial.stride(0));
-    }
-  };
+  const int64_t offset = t.r0 * s0 + t.c0 * s1;
+  TileLoopArgs<In, Acc> args{
+      a.const_data_ptr<In>() + offset,
+      in.b.defined() ? in.b.const_data_ptr<In>() + offset : nullptr,
+      along_rows ? s0 : s1,
+      t.rn,
+      t.cn,
+      pointer_or_null<Acc>(in.row_center, t.r0),
+      pointer_or_null<Acc>(in.column_center, t.c0),
+      pointer_or_null<Acc>(in.column_scale, t.c0),
+      partial.mutable_data_ptr<Acc>() + t.r0 * partial.stride(0) +
+          t.block * partial.stride(1),
+      partial.stride(0)};
   switch (map) {
-    case TileMap::kIdentity:
-      run(std::integral_constant<TileMap, TileMap::kIdentity>());
-      break;
-    case TileMap::kAbs:
-      run(std::integral_constant<TileMap, TileMap::kAbs>());
-      break;
-    case TileMap::kSquare:
-      run(std::integral_constant<TileMap, TileMap::kSquare>());
-      break;
-    case TileMap::kSquaredDeviation:
-      run(std::integral_constant<TileMap, TileMap::kSquaredDeviation>());
-      break;
+#define EMBER_TILE_CASE(M)                   \
+  case M:                                    \
+    run_loops<M, In, Acc>(args, along_rows); \
+    break;
+    EMBER_TILE_CASE(TileMap::kIdentity)
+    EMBER_TILE_CASE(TileMap::kAbs)
+    EMBER_TILE_CASE(TileMap::kSquare)
+    EMBER_TILE_CASE(TileMap::kSquaredDeviation)
+    EMBER_TILE_CASE(TileMap::kProduct)
+    EMBER_TILE_CASE(TileMap::kSquaredDifference)
+    EMBER_TILE_CASE(TileMap::kNormalizedProduct)
+#undef EMBER_TILE_CASE
   }
   return true;
 }
 
 template <class Acc>
-bool tile_sum_for(const at::Tensor& matrix, const Tile& t, at::Tensor& partial,
-                  TileMap map, const at::Tensor& center) {
-  switch (matrix.scalar_type()) {
+bool tile_sum_for(const TileInputs& in, const Tile& t, at::Tensor& partial,
+                  TileMap map) {
+  switch (in.a.scalar_type()) {
     case at::kFloat:
-      return tile_sum_typed<float, Acc>(matrix, t, partial, map, center);
+      return tile_sum_typed<float, Acc>(in, t, partial, map);
     case at::kDouble:
-      return tile_sum_typed<double, Acc>(matrix, t, partial, map, center);
+      return tile_sum_typed<double, Acc>(in, t, partial, map);
     case at::kBFloat16:
-      return tile_sum_typed<c10::BFloat16, Acc>(matrix, t, partial, map,
-                                                center);
+      return tile_sum_typed<c10::BFloat16, Acc>(in, t, partial, map);
     case at::kHalf:
-      return tile_sum_typed<c10::Half, Acc>(matrix, t, partial, map, center);
+      return tile_sum_typed<c10::Half, Acc>(in, t, partial, map);
     default:
       return false;
   }
+}
+
+bool usable_side_input(const at::Tensor& t, const at::Tensor& partial,
+                       bool needed) {
+  if (!needed) return true;
+  return t.defined() && t.scalar_type() == partial.scalar_type() &&
+         t.is_contiguous() && t.dim() == 1;
 }
 
 }  // namespace
@@ -172,28 +183,47 @@ at::Tensor slot_of(const at::Tensor& partial, const Tile& t) {
   return partial.narrow(0, t.r0, t.rn).select(1, t.block);
 }
 
-bool native_tile_sum(const at::Tensor& matrix, const Tile& t,
-                     at::Tensor& partial, TileMap map,
-                     const at::Tensor& center) {
-  if (matrix.dim() != 2 || partial.dim() != 2 || t.rn == 0 || t.cn == 0) {
+bool native_tile_sum(const TileInputs& in, const Tile& t, at::Tensor& partial,
+                     TileMap map) {
+  const at::Tensor& a = in.a;
+  if (a.dim() != 2 || partial.dim() != 2 || t.rn == 0 || t.cn == 0) {
     return false;
   }
-  if (center.defined() && (center.scalar_type() != partial.scalar_type() ||
-                           !center.is_contiguous())) {
+  if (a.is_conj() || a.is_neg()) return false;
+  const bool needs_b = map == TileMap::kProduct ||
+                       map == TileMap::kSquaredDifference ||
+                       map == TileMap::kNormalizedProduct;
+  if (needs_b && (!in.b.defined() || in.b.scalar_type() != a.scalar_type() ||
+                  in.b.sizes() != a.sizes() || in.b.strides() != a.strides() ||
+                  in.b.is_conj() || in.b.is_neg())) {
     return false;
   }
-  if (map == TileMap::kSquaredDeviation && !center.defined()) return false;
-  if (matrix.is_conj() || matrix.is_neg()) return false;
+  const bool needs_columns = map == TileMap::kNormalizedProduct;
+  if (!usable_side_input(in.row_center, partial,
+                         map == TileMap::kSquaredDeviation) ||
+      !usable_side_input(in.column_center, partial, needs_columns) ||
+      !usable_side_input(in.column_scale, partial, needs_columns)) {
+    return false;
+  }
   switch (partial.scalar_type()) {
     case at::kFloat:
       // float accumulation of double input would lose precision.
-      if (matrix.scalar_type() == at::kDouble) return false;
-      return tile_sum_for<float>(matrix, t, partial, map, center);
+      if (a.scalar_type() == at::kDouble) return false;
+      return tile_sum_for<float>(in, t, partial, map);
     case at::kDouble:
-      return tile_sum_for<double>(matrix, t, partial, map, center);
+      return tile_sum_for<double>(in, t, partial, map);
     default:
       return false;
   }
+}
+
+bool native_tile_sum(const at::Tensor& matrix, const Tile& t,
+                     at::Tensor& partial, TileMap map,
+                     const at::Tensor& row_center) {
+  TileInputs in;
+  in.a = matrix;
+  in.row_center = row_center;
+  return native_tile_sum(in, t, partial, map);
 }
 
 at::ScalarType accumulate_type(at::ScalarType dtype) {

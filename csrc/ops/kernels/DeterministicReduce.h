@@ -85,24 +85,41 @@ bool columns_contiguous(const at::Tensor& matrix);
 at::Tensor tile_sums(int64_t rows, int64_t cols, bool columns_contiguous,
                      const at::TensorOptions& options, TileSum tile);
 
-// What a tile sums, element by element.
+// What a tile sums, element by element (a, b: the inputs).
 enum class TileMap : uint8_t {
-  kIdentity,          // x
-  kAbs,               // |x|
-  kSquare,            // x * x
-  kSquaredDeviation,  // (x - center[row])^2
+  kIdentity,           // a
+  kAbs,                // |a|
+  kSquare,             // a * a
+  kSquaredDeviation,   // (a - row_center[row])^2
+  kProduct,            // a * b
+  kSquaredDifference,  // (a - b)^2
+  kNormalizedProduct,  // (a - column_center[col]) * column_scale[col] * b
 };
 
-// Sums `map` of a tile of `matrix` into its slot of `partial` (float or
-// double) with plain loops, for float, double, bfloat16 and half matrices
-// laid out along rows or along columns; returns false (and does nothing)
-// for anything else, which the caller then hands to ATen. `center`
-// (kSquaredDeviation only) holds one value per matrix row, in partial's
-// dtype, contiguous. Fixed order: 32 interleaved accumulators per row
-// combined pairwise, or one accumulator per row stepping column by column.
+// The inputs of a native tile sum. `a` is a rows x cols matrix (any
+// strides); `b`, when the map reads it, has a's sizes, strides and dtype;
+// the centers and scale are contiguous, in partial's dtype, indexed by
+// matrix row (row_center) or column (column_*).
+struct TileInputs {
+  at::Tensor a;
+  at::Tensor b;
+  at::Tensor row_center;
+  at::Tensor column_center;
+  at::Tensor column_scale;
+};
+
+// Sums `map` over a tile into its slot of `partial` (float or double) with
+// plain loops, for float, double, bfloat16 and half inputs laid out along
+// rows or along columns; returns false (and does nothing) for anything
+// else, which the caller then hands to ATen. Fixed order: 32 interleaved
+// accumulators per row combined pairwise, or one accumulator per row
+// stepping column by column.
+bool native_tile_sum(const TileInputs& inputs, const Tile& tile,
+                     at::Tensor& partial, TileMap map);
+// The one-input form.
 bool native_tile_sum(const at::Tensor& matrix, const Tile& tile,
                      at::Tensor& partial, TileMap map,
-                     const at::Tensor& center = at::Tensor());
+                     const at::Tensor& row_center = at::Tensor());
 
 // sum(x, dims, keepdim) in dtype `out_dtype`, in a fixed order. An empty
 // `dims` reduces every dimension (as at::sum). Floating and complex inputs
