@@ -22,6 +22,7 @@
 #include <ATen/ops/mse_loss_ops.h>
 #include <ATen/ops/nansum_ops.h>
 #include <ATen/ops/native_group_norm.h>
+#include <ATen/ops/native_group_norm_backward.h>
 #include <ATen/ops/native_group_norm_backward_ops.h>
 #include <ATen/ops/native_group_norm_ops.h>
 #include <ATen/ops/native_layer_norm_backward.h>
@@ -532,9 +533,13 @@ Tensor3 group_norm(T input, OptT weight, OptT bias, c10::SymInt N,
       "ember::deterministic::native_group_norm",
       [&](const at::Tensor& x, const std::optional<at::Tensor>& w,
           const std::optional<at::Tensor>& b) {
-        auto [y, mu, rs] = at::native_group_norm_symint(x.contiguous(), w, b, N,
-                                                        C, HxW, group, eps);
-        return Tensor3(y.contiguous(x.suggest_memory_format()), mu, rs);
+        // ATen's channels-last kernel, serially (cheaper than transposing
+        // to and from the contiguous kernel's layout).
+        Tensor3 result;
+        fixed::run_serially([&] {
+          result = at::native_group_norm_symint(x, w, b, N, C, HxW, group, eps);
+        });
+        return result;
       },
       input, weight, bias);
 }
@@ -547,6 +552,22 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
                       c10::SymInt, c10::SymInt, c10::SymInt, int64_t,
                       std::array<bool, 3>>(grad_out, input, mean, rstd, weight,
                                            N, C, HxW, group, output_mask);
+  }
+  if (!input.is_contiguous()) {
+    // Channels-last: ATen's kernel, serially (its every output splits by
+    // thread; the formulas below would transpose both inputs).
+    return on_aliases(
+        "ember::deterministic::native_group_norm_backward",
+        [&](const at::Tensor& dY, const at::Tensor& X, const at::Tensor& mu,
+            const at::Tensor& rs, const std::optional<at::Tensor>& w) {
+          Tensor3 result;
+          fixed::run_serially([&] {
+            result = at::native_group_norm_backward_symint(
+                dY, X, mu, rs, w, N, C, HxW, group, output_mask);
+          });
+          return result;
+        },
+        grad_out, input, mean, rstd, weight);
   }
   return on_aliases(
       "ember::deterministic::native_group_norm_backward",
