@@ -119,31 +119,29 @@ std::pair<at::Tensor, at::Tensor> var_mean_cpu(const at::Tensor& x,
   const bool along = fixed::columns_contiguous(m);
   const auto options = x.options().dtype(acc);
   const auto count = static_cast<double>(layout.cols);
-  at::Tensor mean =
-      fixed::tile_sums(layout.rows, layout.cols, along, options,
+  const fixed::NativeSum plain_sum{{m}, fixed::TileMap::kIdentity};
+  at::Tensor mean = fixed::tile_sums(
+                        layout.rows, layout.cols, along, options,
+                        [&](const fixed::Tile& t, at::Tensor& partial) {
+                          at::Tensor out = fixed::slot_of(partial, t);
+                          at::sum_out(out, fixed::tile_of(m, t), 1, false, acc);
+                        },
+                        &plain_sum)
+                        .div_(count)
+                        .contiguous();
+  const fixed::NativeSum squared_deviations{{m, {}, mean},
+                                            fixed::TileMap::kSquaredDeviation};
+  at::Tensor var = fixed::tile_sums(
+                       layout.rows, layout.cols, along, options,
                        [&](const fixed::Tile& t, at::Tensor& partial) {
-                         if (!fixed::native_tile_sum(
-                                 m, t, partial, fixed::TileMap::kIdentity)) {
-                           at::Tensor out = fixed::slot_of(partial, t);
-                           at::sum_out(out, fixed::tile_of(m, t), 1, false,
-                                       acc);
-                         }
-                       })
-          .div_(count)
-          .contiguous();
-  at::Tensor var =
-      fixed::tile_sums(
-          layout.rows, layout.cols, along, options,
-          [&](const fixed::Tile& t, at::Tensor& partial) {
-            if (!fixed::native_tile_sum(
-                    m, t, partial, fixed::TileMap::kSquaredDeviation, mean)) {
-              at::Tensor out = fixed::slot_of(partial, t);
-              at::Tensor deviation = fixed::tile_of(m, t).to(acc) -
-                                     mean.narrow(0, t.r0, t.rn).unsqueeze(1);
-              at::sum_out(out, deviation.mul_(deviation), 1);
-            }
-          })
-          .div_(std::max(0.0, count - correction));
+                         at::Tensor out = fixed::slot_of(partial, t);
+                         at::Tensor deviation =
+                             fixed::tile_of(m, t).to(acc) -
+                             mean.narrow(0, t.r0, t.rn).unsqueeze(1);
+                         at::sum_out(out, deviation.mul_(deviation), 1);
+                       },
+                       &squared_deviations)
+                       .div_(std::max(0.0, count - correction));
   return {var.to(x.scalar_type()).reshape(layout.out_shape),
           mean.to(x.scalar_type()).reshape(layout.out_shape)};
 }
@@ -279,19 +277,19 @@ at::Tensor linalg_vector_norm(T self, const at::Scalar& ord, OptDims dim,
         const fixed::RowLayout layout =
             fixed::row_layout(x, dims_of(x, dim), keepdim);
         const at::Tensor m = layout.matrix(x);
+        // |x| or x*x summed by plain loops (p = 1, 2).
+        const fixed::NativeSum plain{
+            {m}, native_map.value_or(fixed::TileMap::kIdentity)};
         at::Tensor total = fixed::tile_sums(
             layout.rows, layout.cols, fixed::columns_contiguous(m),
             x.options().dtype(acc),
             [&](const fixed::Tile& t, at::Tensor& partial) {
-              if (native_map.has_value() &&
-                  fixed::native_tile_sum(m, t, partial, *native_map)) {
-                return;  // |x| or x*x summed directly
-              }
               at::Tensor part = fixed::slot_of(partial, t);
               at::linalg_vector_norm_out(part, fixed::tile_of(m, t), ord, 1,
                                          false, tile_dtype);
               if (powered) part.pow_(p);
-            });
+            },
+            native_map.has_value() ? &plain : nullptr);
         if (p == 2) {
           total.sqrt_();
         } else if (powered) {
@@ -343,19 +341,17 @@ at::Tensor mse_loss(T self, T target, int64_t reduction) {
         const at::ScalarType acc = fixed::accumulate_type(dtype);
         const at::Tensor a = x.expand(shape).reshape({1, -1});
         const at::Tensor b = y.expand(shape).reshape({1, -1});
+        const fixed::NativeSum plain{{a, b},
+                                     fixed::TileMap::kSquaredDifference};
         at::Tensor total = fixed::tile_sums(
             1, a.size(1), true, x.options().dtype(acc),
             [&](const fixed::Tile& t, at::Tensor& partial) {
-              const fixed::TileInputs in{a, b};
-              if (fixed::native_tile_sum(in, t, partial,
-                                         fixed::TileMap::kSquaredDifference)) {
-                return;
-              }
               at::Tensor out = fixed::slot_of(partial, t);
               at::Tensor d =
                   fixed::tile_of(a, t).to(acc) - fixed::tile_of(b, t).to(acc);
               at::sum_out(out, d.mul_(d), 1);
-            });
+            },
+            &plain);
         if (reduction == at::Reduction::Mean) {
           total.div_(static_cast<double>(a.size(1)));
         }
@@ -476,41 +472,34 @@ Tensor3 layer_norm_backward(T grad_out, T input,
         at::Tensor db;
         if (output_mask[1] && has_w) {
           // (x - mean) * rstd * dy, per normalised row (a column here).
-          fixed::TileInputs normalized;
-          normalized.a = x_t;
-          normalized.b = dy_t;
-          normalized.column_center = mu_t.reshape({rows}).contiguous();
-          normalized.column_scale = rs_t.reshape({rows}).contiguous();
-          dw = fixed::tile_sums(cols, rows, along, options,
-                                [&](const fixed::Tile& t, at::Tensor& partial) {
-                                  if (fixed::native_tile_sum(
-                                          normalized, t, partial,
-                                          fixed::TileMap::kNormalizedProduct)) {
-                                    return;
-                                  }
-                                  at::Tensor out = fixed::slot_of(partial, t);
-                                  at::Tensor xhat =
-                                      fixed::tile_of(x_t, t).to(acc) -
-                                      mu_t.narrow(1, t.c0, t.cn);
-                                  xhat.mul_(rs_t.narrow(1, t.c0, t.cn))
-                                      .mul_(fixed::tile_of(dy_t, t));
-                                  at::sum_out(out, xhat, 1);
-                                })
+          fixed::NativeSum normalized{{x_t, dy_t},
+                                      fixed::TileMap::kNormalizedProduct};
+          normalized.inputs.column_center = mu_t.reshape({rows}).contiguous();
+          normalized.inputs.column_scale = rs_t.reshape({rows}).contiguous();
+          dw = fixed::tile_sums(
+                   cols, rows, along, options,
+                   [&](const fixed::Tile& t, at::Tensor& partial) {
+                     at::Tensor out = fixed::slot_of(partial, t);
+                     at::Tensor xhat = fixed::tile_of(x_t, t).to(acc) -
+                                       mu_t.narrow(1, t.c0, t.cn);
+                     xhat.mul_(rs_t.narrow(1, t.c0, t.cn))
+                         .mul_(fixed::tile_of(dy_t, t));
+                     at::sum_out(out, xhat, 1);
+                   },
+                   &normalized)
                    .to(w->scalar_type())
                    .reshape(w->sizes());
         }
         if (output_mask[2] && (has_b || has_w)) {
           const at::Tensor& like = has_b ? *b : *w;
+          const fixed::NativeSum plain_dy{{dy_t}, fixed::TileMap::kIdentity};
           db = fixed::tile_sums(
                    cols, rows, along, options,
                    [&](const fixed::Tile& t, at::Tensor& partial) {
-                     if (fixed::native_tile_sum(dy_t, t, partial,
-                                                fixed::TileMap::kIdentity)) {
-                       return;
-                     }
                      at::Tensor out = fixed::slot_of(partial, t);
                      at::sum_out(out, fixed::tile_of(dy_t, t), 1, false, acc);
-                   })
+                   },
+                   &plain_dy)
                    .to(like.scalar_type())
                    .reshape(like.sizes());
         }
@@ -587,32 +576,27 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
         const at::Tensor dy = dY.reshape({n * c, hw});
         const bool along = fixed::columns_contiguous(x);
         const auto options = X.options().dtype(acc);
+        const fixed::NativeSum products{{dy, x}, fixed::TileMap::kProduct};
+        const fixed::NativeSum plain_dy{{dy}, fixed::TileMap::kIdentity};
         const at::Tensor ds =
             fixed::tile_sums(
                 n * c, hw, along, options,
                 [&](const fixed::Tile& t, at::Tensor& partial) {
-                  const fixed::TileInputs in{dy, x};
-                  if (fixed::native_tile_sum(in, t, partial,
-                                             fixed::TileMap::kProduct)) {
-                    return;
-                  }
                   at::Tensor out = fixed::slot_of(partial, t);
                   at::Tensor p = fixed::tile_of(dy, t).to(acc);
                   p = p.mul(fixed::tile_of(x, t));
                   at::sum_out(out, p, 1);
-                })
+                },
+                &products)
                 .reshape({n, c});
         const at::Tensor db =
             fixed::tile_sums(
                 n * c, hw, along, options,
                 [&](const fixed::Tile& t, at::Tensor& partial) {
-                  if (fixed::native_tile_sum(dy, t, partial,
-                                             fixed::TileMap::kIdentity)) {
-                    return;
-                  }
                   at::Tensor out = fixed::slot_of(partial, t);
                   at::sum_out(out, fixed::tile_of(dy, t), 1, false, acc);
-                })
+                },
+                &plain_dy)
                 .reshape({n, c});
         const at::Tensor m = mu.to(acc).reshape({n, g, 1});
         const at::Tensor r = rs.to(acc).reshape({n, g, 1});

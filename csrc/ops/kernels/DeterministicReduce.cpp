@@ -15,8 +15,13 @@
 
 namespace ember::deterministic {
 
-void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn) {
+void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn,
+                    bool needs_region) {
   if (n <= 0) return;
+  if (n == 1 && !needs_region) {
+    fn(0);  // plain loops: no team needed
+    return;
+  }
   // One byte per call; at least two, so that with more than one thread
   // even a single call runs inside a parallel region.
   const int64_t slots = std::max<int64_t>(n, 2);
@@ -282,13 +287,35 @@ at::Tensor RowLayout::matrix(const at::Tensor& x) const {
   return x.permute(order).reshape({rows, cols});
 }
 
+namespace {
+
+// Whether native_tile_sum handles every tile of `in` under tile_sums'
+// geometry (`rows_geometry`: tiles of whole rows and long column blocks).
+bool native_supported(const NativeSum& native, at::ScalarType acc,
+                      bool rows_geometry) {
+  const at::Tensor& a = native.inputs.a;
+  if (a.dim() != 2) return false;
+  const bool layout_ok = a.stride(1) == 1 || a.size(1) == 1 ||
+                         (a.stride(0) == 1 && !rows_geometry) ||
+                         (a.stride(0) == 1 && a.size(0) == 1);
+  if (!layout_ok) return false;
+  if (a.numel() == 0) return false;
+  // native_tile_sum checks dtypes and side inputs before touching memory;
+  // probe it with the 1x1 tile at the origin, into a scratch output.
+  at::Tensor probe = at::empty({1, 1}, a.options().dtype(acc));
+  return native_tile_sum(native.inputs, Tile{0, 1, 0, 1, 0}, probe, native.map);
+}
+
+}  // namespace
+
 at::Tensor tile_sums(int64_t rows_total, int64_t cols_total,
                      bool columns_contiguous, const at::TensorOptions& options,
-                     TileSum tile) {
+                     TileSum tile, const NativeSum* native) {
   // Tile geometry: a function of the shape (and which way memory runs).
+  const bool rows_geometry = columns_contiguous || rows_total == 1;
   int64_t rows;
   int64_t cols;
-  if (columns_contiguous || rows_total == 1) {
+  if (rows_geometry) {
     cols = std::max<int64_t>(1, std::min(cols_total, kTileElements));
     rows = std::max<int64_t>(1, kTileElements / cols);
   } else {
@@ -300,31 +327,51 @@ at::Tensor tile_sums(int64_t rows_total, int64_t cols_total,
   const int64_t col_blocks =
       std::max<int64_t>(1, (cols_total + cols - 1) / cols);
   const int64_t row_blocks = (rows_total + rows - 1) / rows;
+  const at::ScalarType acc = c10::typeMetaToScalarType(options.dtype());
 
   at::Tensor partial = at::empty({rows_total, col_blocks}, options);
   if (cols_total == 0) {
     partial.zero_();
-  } else {
-    parallel_tiles(row_blocks * col_blocks, [&](int64_t index) {
-      const int64_t i = index / col_blocks;
-      const int64_t j = index % col_blocks;
-      const Tile t{i * rows, std::min(rows, rows_total - i * rows), j * cols,
-                   std::min(cols, cols_total - j * cols), j};
-      tile(t, partial);
-    });
+  } else if (rows_total > 0) {
+    // Plain loops need no parallel region; ATen kernels do.
+    const bool plain =
+        native != nullptr && native_supported(*native, acc, rows_geometry);
+    parallel_tiles(
+        row_blocks * col_blocks,
+        [&](int64_t index) {
+          const int64_t i = index / col_blocks;
+          const int64_t j = index % col_blocks;
+          const Tile t{i * rows, std::min(rows, rows_total - i * rows),
+                       j * cols, std::min(cols, cols_total - j * cols), j};
+          if (!plain ||
+              !native_tile_sum(native->inputs, t, partial, native->map)) {
+            tile(t, partial);
+          }
+        },
+        /*needs_region=*/!plain);
   }
   if (col_blocks == 1) return partial.select(1, 0);
 
-  // Each row's partials, added serially; rows in fixed groups.
-  at::Tensor total = at::empty({rows_total}, options);
+  // Each row's partials, added in order by the plain row loop; rows in
+  // fixed groups, on the calling thread unless there are many.
+  at::Tensor total = at::empty({rows_total, 1}, options);
   const int64_t group = std::max<int64_t>(1, kTileElements / col_blocks);
-  parallel_tiles((rows_total + group - 1) / group, [&](int64_t g) {
+  const int64_t groups = (rows_total + group - 1) / group;
+  const auto combine = [&](int64_t g) {
     const int64_t r0 = g * group;
-    const int64_t rn = std::min(group, rows_total - r0);
-    at::Tensor out = total.narrow(0, r0, rn);
-    at::sum_out(out, partial.narrow(0, r0, rn), 1);
-  });
-  return total;
+    const Tile t{r0, std::min(group, rows_total - r0), 0, col_blocks, 0};
+    if (!native_tile_sum(partial, t, total, TileMap::kIdentity)) {
+      at::Tensor out = total.narrow(0, t.r0, t.rn).select(1, 0);
+      at::sum_out(out, partial.narrow(0, t.r0, t.rn), 1);
+    }
+  };
+  const bool plain_combine = acc == at::kFloat || acc == at::kDouble;
+  if (plain_combine && groups <= 4) {
+    for (int64_t g = 0; g < groups; ++g) combine(g);
+  } else {
+    parallel_tiles(groups, combine, /*needs_region=*/!plain_combine);
+  }
+  return total.select(1, 0);
 }
 
 bool columns_contiguous(const at::Tensor& matrix) {
@@ -336,14 +383,14 @@ at::Tensor sum(const at::Tensor& x, at::IntArrayRef dims, bool keepdim,
   const RowLayout layout = row_layout(x, dims, keepdim);
   const at::Tensor m = layout.matrix(x);
   const at::ScalarType acc = accumulate_type(out_dtype);
+  const NativeSum native{{m}, TileMap::kIdentity};
   at::Tensor total = tile_sums(
       layout.rows, layout.cols, columns_contiguous(m), x.options().dtype(acc),
       [&](const Tile& t, at::Tensor& partial) {
-        if (!native_tile_sum(m, t, partial, TileMap::kIdentity)) {
-          at::Tensor out = slot_of(partial, t);
-          at::sum_out(out, tile_of(m, t), 1, /*keepdim=*/false, acc);
-        }
-      });
+        at::Tensor out = slot_of(partial, t);
+        at::sum_out(out, tile_of(m, t), 1, /*keepdim=*/false, acc);
+      },
+      &native);
   return total.to(out_dtype).reshape(layout.out_shape);
 }
 

@@ -42,7 +42,10 @@ inline constexpr int64_t kOuterTileRows = 256;
 // Call 0 runs on the calling thread (whose allocation capture and
 // dispatcher state are the op's); the others may run on worker threads,
 // which should only write into tensors allocated beforehand.
-void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn);
+// `needs_region`: fn calls ATen kernels (which must see a parallel region);
+// plain loops need none, and a single call then runs inline.
+void parallel_tiles(int64_t n, c10::function_ref<void(int64_t)> fn,
+                    bool needs_region = true);
 
 // Runs fn on the calling thread with ATen kernels serial inside it.
 void run_serially(c10::function_ref<void()> fn);
@@ -82,9 +85,6 @@ at::Tensor slot_of(const at::Tensor& partial, const Tile& tile);
 // Whether a rows x cols matrix (RowLayout::matrix) runs along columns.
 bool columns_contiguous(const at::Tensor& matrix);
 
-at::Tensor tile_sums(int64_t rows, int64_t cols, bool columns_contiguous,
-                     const at::TensorOptions& options, TileSum tile);
-
 // What a tile sums, element by element (a, b: the inputs).
 enum class TileMap : uint8_t {
   kIdentity,           // a
@@ -120,6 +120,22 @@ bool native_tile_sum(const TileInputs& inputs, const Tile& tile,
 bool native_tile_sum(const at::Tensor& matrix, const Tile& tile,
                      at::Tensor& partial, TileMap map,
                      const at::Tensor& row_center = at::Tensor());
+
+// A sum tile_sums can do with plain loops alone.
+struct NativeSum {
+  TileInputs inputs;
+  TileMap map;
+};
+
+// Per-row sums (a `rows` tensor of `options`' dtype) of a rows x cols
+// reduction: tiles of at most kTileElements, cut by the shape alone (long
+// thin tiles along contiguous memory: `columns_contiguous` says whether
+// consecutive columns or consecutive rows are adjacent in memory), summed
+// in parallel, then each row's tile partials summed in order. Tiles use
+// `native` when it handles them (no parallel region needed), else `tile`.
+at::Tensor tile_sums(int64_t rows, int64_t cols, bool columns_contiguous,
+                     const at::TensorOptions& options, TileSum tile,
+                     const NativeSum* native = nullptr);
 
 // sum(x, dims, keepdim) in dtype `out_dtype`, in a fixed order. An empty
 // `dims` reduces every dimension (as at::sum). Floating and complex inputs
