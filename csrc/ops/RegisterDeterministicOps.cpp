@@ -59,50 +59,47 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_copy.out", serial());
   // Elementwise ops whose vectorised and scalar loops round differently:
   // ATen's thread split decides which elements take the scalar tail.
-  for (const char* name : {"sigmoid",
-                           "sigmoid_",
+  // Functional forms run on fixed chunks; in-place and out= forms serially.
+  const auto chunked = [] {
+    return torch::CppFunction::makeFromBoxedFunction<
+        &det::elementwise_when_deterministic>();
+  };
+  for (const char* name :
+       {"sigmoid", "sigmoid_backward", "silu", "silu_backward", "mish",
+        "mish_backward", "softplus", "softplus_backward", "elu", "elu_backward",
+        "gelu_backward", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
+        "atan2", "atanh", "cosh", "sinh", "exp2"}) {
+    m.impl(name, chunked());
+  }
+  for (const char* name : {"sigmoid_",
                            "sigmoid.out",
-                           "sigmoid_backward",
                            "sigmoid_backward.grad_input",
-                           "silu",
                            "silu_",
                            "silu.out",
-                           "silu_backward",
                            "silu_backward.grad_input",
-                           "mish",
                            "mish_",
                            "mish.out",
-                           "mish_backward",
-                           "softplus",
                            "softplus.out",
-                           "softplus_backward",
                            "softplus_backward.grad_input",
-                           "elu",
                            "elu_",
                            "elu.out",
-                           "elu_backward",
                            "elu_backward.grad_input",
-                           "pow.Tensor_Scalar",
+                           "gelu_",
+                           "gelu.out",
+                           "gelu_backward.grad_input",
                            "pow_.Scalar",
                            "pow.Tensor_Scalar_out",
-                           "pow.Tensor_Tensor",
                            "pow_.Tensor",
                            "pow.Tensor_Tensor_out",
-                           "pow.Scalar",
                            "pow.Scalar_out",
-                           "atan2",
                            "atan2_",
                            "atan2.out",
-                           "atanh",
                            "atanh_",
                            "atanh.out",
-                           "cosh",
                            "cosh_",
                            "cosh.out",
-                           "sinh",
                            "sinh_",
                            "sinh.out",
-                           "exp2",
                            "exp2_",
                            "exp2.out"}) {
     m.impl(name, serial());

@@ -12,6 +12,7 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/complex.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/imag.h>
@@ -38,9 +39,11 @@
 #include <ATen/record_function.h>
 
 #include <cmath>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/CpuAllocationCapture.h"
 #include "flags/BackendFlags.h"
@@ -653,6 +656,122 @@ void serial_when_deterministic(const c10::OperatorHandle& op,
   RECORD_FUNCTION("ember::deterministic::serial",
                   c10::ArrayRef<const c10::IValue>{});
   fixed::run_serially([&] { cpu_delegation_fallback(op, keys, stack); });
+}
+
+namespace {
+
+// The out= overload of an elementwise op (sigmoid -> sigmoid.out,
+// pow.Tensor_Scalar -> pow.Tensor_Scalar_out, sigmoid_backward ->
+// sigmoid_backward.grad_input), if it takes the same arguments plus `out`.
+std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::optional<c10::OperatorHandle>>
+      cache;
+  const auto& schema = op.schema();
+  const std::string key = schema.name() + "." + schema.overload_name();
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  std::optional<c10::OperatorHandle> found;
+  const std::string base = schema.overload_name();
+  for (const std::string& overload :
+       {base.empty() ? std::string("out") : base + "_out",
+        std::string("grad_input")}) {
+    auto candidate =
+        c10::Dispatcher::singleton().findOp({schema.name(), overload});
+    if (candidate.has_value() && candidate->schema().arguments().size() ==
+                                     schema.arguments().size() + 1) {
+      found = candidate;
+      break;
+    }
+  }
+  cache.emplace(key, found);
+  return found;
+}
+
+// Elements per chunk of a chunked elementwise op: a multiple of every
+// vector width, so only the last chunk has a scalar tail.
+constexpr int64_t kElementwiseChunk = 65536;
+
+}  // namespace
+
+void elementwise_when_deterministic(const c10::OperatorHandle& op,
+                                    c10::DispatchKeySet keys,
+                                    torch::jit::Stack* stack) {
+  if (!flags::deterministic()) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  // Chunkable: every tensor argument contiguous, of one floating dtype and
+  // one shape; no complex scalar (the result keeps the inputs' dtype).
+  const size_t count = op.schema().arguments().size();
+  const size_t first = stack->size() - count;
+  at::Tensor like;
+  bool chunkable = true;
+  for (size_t i = first; i < stack->size() && chunkable; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!like.defined()) like = t;
+      chunkable = t.is_floating_point() && t.is_contiguous() &&
+                  t.scalar_type() == like.scalar_type() &&
+                  t.sizes() == like.sizes() && !t.is_conj() && !t.is_neg();
+    } else if (v.isScalar()) {
+      chunkable = !v.toScalar().isComplex();
+    } else if (!(v.isNone() || v.isBool() || v.isInt() || v.isDouble() ||
+                 v.isString())) {
+      chunkable = false;
+    }
+  }
+  const auto out_op =
+      chunkable && like.defined() && like.numel() > kElementwiseChunk
+          ? out_overload(op)
+          : std::nullopt;
+  if (!out_op.has_value()) {
+    serial_when_deterministic(op, keys, stack);
+    return;
+  }
+  RECORD_FUNCTION("ember::deterministic::elementwise",
+                  c10::ArrayRef<const c10::IValue>{});
+  // ATen's kernel on fixed chunks of the flattened tensors, in parallel:
+  // each chunk runs serially, so every element takes the same (vector or
+  // scalar) path whatever the thread count.
+  at::Tensor out = at::empty_like(like, at::MemoryFormat::Contiguous);
+  DelegationCall call(op.schema().name(), /*accepts_cpu_tensors=*/false);
+  // (The aliases borrow the stack's tensors, which stay until the end.)
+  std::vector<c10::IValue> arguments;
+  arguments.reserve(count);
+  for (size_t i = first; i < stack->size(); ++i) {
+    const c10::IValue& v = (*stack)[i];
+    arguments.emplace_back(
+        v.isTensor()
+            ? c10::IValue(call.to_cpu(v.toTensor(), false).reshape({-1}))
+            : v);
+  }
+  const at::Tensor out_cpu = call.to_cpu(out, true).reshape({-1});
+  call.settle();
+  const int64_t numel = like.numel();
+  const int64_t chunks = (numel + kElementwiseChunk - 1) / kElementwiseChunk;
+  const c10::DeviceIndex device = call.device();
+  run_on_device(device, [&] {
+    CpuAllocationCapture capture(device);
+    fixed::parallel_tiles(chunks, [&](int64_t chunk) {
+      const int64_t start = chunk * kElementwiseChunk;
+      const int64_t length = std::min(kElementwiseChunk, numel - start);
+      torch::jit::Stack local;
+      local.reserve(arguments.size() + 1);
+      for (const c10::IValue& v : arguments) {
+        local.emplace_back(
+            v.isTensor() ? c10::IValue(v.toTensor().narrow(0, start, length))
+                         : v);
+      }
+      local.emplace_back(out_cpu.narrow(0, start, length));
+      out_op->redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                              &local);
+    });
+  });
+  torch::jit::drop(*stack, count);
+  stack->emplace_back(out);
 }
 
 void put_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,

@@ -84,6 +84,13 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
 void serial_when_deterministic(const c10::OperatorHandle& op,
                                c10::DispatchKeySet keys,
                                torch::jit::Stack* stack);
+// Elementwise ops whose vector and scalar loops round differently (ATen's
+// thread split decides which elements take the scalar tail): ATen's kernel
+// (its out= form) on fixed 65536-element chunks, in parallel; serially
+// when the arguments do not allow chunking.
+void elementwise_when_deterministic(const c10::OperatorHandle& op,
+                                    c10::DispatchKeySet keys,
+                                    torch::jit::Stack* stack);
 // put_: accumulate=True runs serially; accumulate=False with repeated
 // indices has no deterministic definition (CPU and CUDA raise too).
 void put_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
