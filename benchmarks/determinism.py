@@ -16,6 +16,10 @@ their median. Every op's on-result is also checked to be bitwise identical
 at 1 and 3 threads ("bits").
 
     python benchmarks/determinism.py [--threads 2] [--quick] [--json PATH]
+                                     [--update-doc docs/determinism.md]
+
+``--update-doc`` rewrites the table between the benchmark markers of that
+page (the figures there come from this script, never from hand edits).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -268,43 +274,68 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer samples")
     parser.add_argument("--only", default="", help="comma-separated op names")
     parser.add_argument("--json", default="", help="also write the results here")
+    parser.add_argument("--update-doc", default="", help="rewrite the table in this page")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     samples = 7 if args.quick else args.samples
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     results = []
-    print(
-        f"torch {torch.__version__}, torch_ember {getattr(torch_ember, '__version__', '?')}, threads {args.threads}"
-    )
-    print()
-    print(
-        "| op | input | off (us) | on (us) | on/off | best on/best off | noise | bits 1 vs 3 threads |"
-    )
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    lines = [
+        (
+            f"torch {torch.__version__}, torch_ember {getattr(torch_ember, '__version__', '?')}, "
+            f"threads {args.threads}, {os.cpu_count()} CPUs"
+        ),
+        "",
+        "| op | input | off (us) | on (us) | on/off | best on/best off | noise | bits 1 vs 3 threads |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    print("\n".join(lines))
     for case in cases(args.quick):
         if only and case.name not in only:
             continue
         res = run(case, samples)
         results.append(res)
-        print(
+        lines.append(
             f"| {res.op} | {res.shape} | {res.off_us:.1f} | {res.on_us:.1f} | "
-            f"{res.ratio:.2f} | {res.best_ratio:.2f} | {res.noise:.0%} | {res.bits} |",
-            flush=True,
+            f"{res.ratio:.2f} | {res.best_ratio:.2f} | {res.noise:.0%} | {res.bits} |"
         )
-    ratios = [r.ratio for r in results]
-    if ratios:
-        print()
+        print(lines[-1], flush=True)
+    if results:
+        ratios = [r.ratio for r in results]
         best = [r.best_ratio for r in results]
-        print(
-            f"geometric mean on/off: {statistics.geometric_mean(ratios):.2f} "
-            f"(best on/best off: {statistics.geometric_mean(best):.2f})"
-        )
+        lines += [
+            "",
+            (
+                f"geometric mean on/off: {statistics.geometric_mean(ratios):.2f} "
+                f"(best on/best off: {statistics.geometric_mean(best):.2f})"
+            ),
+        ]
+        print("\n".join(lines[-2:]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {"threads": args.threads, "results": [asdict(r) for r in results]}, f, indent=1
             )
+    if args.update_doc:
+        _update_doc(args.update_doc, lines, " ".join(sys.argv[1:]))
+
+
+BEGIN = "<!-- determinism-benchmark:begin -->"
+END = "<!-- determinism-benchmark:end -->"
+
+
+def _update_doc(path: str, lines: list[str], arguments: str) -> None:
+    """Replaces the text between BEGIN and END in ``path`` with the table."""
+    with open(path) as f:
+        text = f.read()
+    head, begin, rest = text.partition(BEGIN)
+    _, end, tail = rest.partition(END)
+    if not begin or not end:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} section")
+    body = "\n".join([f"`python benchmarks/determinism.py {arguments}`", "", *lines])
+    with open(path, "w") as f:
+        f.write(f"{head}{BEGIN}\n{body}\n{END}{tail}")
 
 
 if __name__ == "__main__":
