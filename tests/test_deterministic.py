@@ -386,9 +386,11 @@ def test_softmax_backward_over_non_last_dim_is_ember_kernel():
 def test_deterministic_kernels_show_in_profiler():
     x = torch.randn(100_000, device=DEVICE)
     _C.flags.set_deterministic(True)
-    names = _profiled_names(lambda: (x.sum(), x.var(), x.norm()))
+    names = _profiled_names(lambda: (x.sum(), x.var(), x.norm(), x.sigmoid(), x.sigmoid_()))
     assert {"ember::deterministic::sum", "ember::deterministic::var"} <= names
     assert "ember::deterministic::linalg_vector_norm" in names
+    assert "ember::deterministic::elementwise" in names  # sigmoid: fixed chunks
+    assert "ember::deterministic::serial" in names  # sigmoid_: serially
     _C.flags.set_deterministic(False)
     assert not any(n.startswith("ember::deterministic") for n in _profiled_names(lambda: x.sum()))
 
