@@ -264,8 +264,23 @@ def _cases(dtype):
 
 FLOAT32 = _cases(torch.float32)
 # float64 and bfloat16 on a subset (the same kernels, other accumulators).
-FLOAT64 = ["sum_all", "var_all", "norm3_dim0", "layer_norm", "group_norm", "index_put_accumulate"]
-BFLOAT16 = ["sum_long_dim", "mean_all", "std_mean", "layer_norm", "group_norm_channels_last"]
+FLOAT64 = [
+    "sum_all",
+    "var_all",
+    "norm3_dim0",
+    "layer_norm",
+    "group_norm",
+    "index_put_accumulate",
+    "silu",
+]
+BFLOAT16 = [
+    "sum_long_dim",
+    "mean_all",
+    "std_mean",
+    "layer_norm",
+    "group_norm_channels_last",
+    "sigmoid",
+]
 
 TOLERANCE = {
     torch.float32: {"rtol": 1e-4, "atol": 1e-4},
