@@ -6,10 +6,11 @@ Registered with Dynamo through the ``torch_dynamo_backends`` entry point
 For an inference graph (compiled under ``torch.no_grad()`` /
 ``torch.inference_mode()``) the backend
 
-1. freezes it: parameters become constants, Inductor folds what depends
-   only on them (e.g. transposes, the concatenated Q/K/V weight);
+1. freezes it (``passes/freezing.py``): parameters and buffers become
+   constants, Inductor folds what depends only on them (e.g. transposes, the
+   concatenated Q/K/V weight);
 2. runs ember's passes on the frozen post-grad graph (``passes/``): weight
-   prepacking and linear + activation epilogue fusion;
+   prepacking, then linear + activation fusion;
 3. compiles with Inductor (C++ kernels on ember memory).
 
 A training graph (grad enabled) compiles exactly like the default backend:
@@ -102,9 +103,9 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         if inference and pass_options.template and not user_autotune and "ATEN" in backends:
             # GEMMs are autotuned; the C++ template is offered to the annotated ones only
             patches["max_autotune_gemm"] = True
-            patches.setdefault("autotune_num_choices_displayed", 0)  # not asked for: quiet
-            # timings depend on the thread count, which Inductor's autotune cache ignores
-            patches.setdefault("autotune_local_cache", False)
+            # autotuning the user did not ask for: no report on stderr
+            patches.setdefault("autotune_num_choices_displayed", 0)
+            patches.setdefault("max_autotune_report_choices_stats", False)
             scope = cpu_parity.templates_for_tagged_gemms_only()
         elif inference and pass_options.template and not user_autotune:
             patches["max_autotune_gemm"] = True  # backends without ATen: the template everywhere

@@ -1,9 +1,11 @@
 """ember's graph passes for ``torch.compile(backend="ember")``, one file per pass.
 
-Each pass is ``fn(gm, options) -> int``: it rewrites or annotates the
-post-grad ATen graph of an *inference* graph whose parameters Inductor froze
-into constants (``get_attr`` nodes), and returns how many nodes it changed.
-:func:`run` applies them in order and adds the counts to :data:`counters`.
+Each pass in :data:`PASSES` is ``fn(gm, options) -> int``: it rewrites or
+annotates the post-grad ATen graph of an *inference* graph whose parameters
+Inductor froze into constants (``get_attr`` nodes), and returns how many
+nodes it changed. :func:`run` applies them in order and adds the counts to
+:data:`counters`. ``freezing.py`` is the step before them: it runs on
+Dynamo's graph, in the backend, so that Inductor freezes at all.
 
 | pass | what |
 |---|---|

@@ -36,7 +36,14 @@ ACTIVATIONS = {
     aten.hardtanh.default: "hardtanh",
     aten.clamp_min.default: "relu",
 }
-POINTWISE_HOPS = {aten.mul.Tensor, aten.add.Tensor, aten.div.Tensor, aten.view.default}
+POINTWISE_HOPS = {
+    aten.mul.Tensor,
+    aten.add.Tensor,
+    aten.div.Tensor,
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+}
 
 
 def activation_after(node: torch.fx.Node, depth: int = 3) -> str | None:
