@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/DeterministicOps.h"
 
 namespace ember {
 namespace {
@@ -35,13 +36,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div.Tensor", TORCH_FN((functional<ops::div_Tensor, T, T>)));
   m.impl("add_.Tensor", TORCH_FN((inplace<ops::add__Tensor, T, S>)));
   m.impl("mul_.Tensor", TORCH_FN((inplace<ops::mul__Tensor, T>)));
-  m.impl("_softmax", TORCH_FN((functional<ops::_softmax, T, int64_t, bool>)));
+  // Under determinism these two take a fixed-order path (DeterministicOps).
+  m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
   m.impl("_log_softmax",
          TORCH_FN((functional<ops::_log_softmax, T, int64_t, bool>)));
   m.impl("native_layer_norm",
          TORCH_FN((functional<ops::native_layer_norm, T, c10::SymIntArrayRef,
                               OptT, OptT, double>)));
-  m.impl("gelu", TORCH_FN((functional<ops::gelu, T, c10::string_view>)));
+  m.impl("gelu", TORCH_FN(kernels::deterministic::gelu));
   m.impl("relu", TORCH_FN((functional<ops::relu, T>)));
   m.impl("tanh", TORCH_FN((functional<ops::tanh, T>)));
 }
