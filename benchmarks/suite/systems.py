@@ -368,7 +368,7 @@ def ember_compiled(w: Workload, threads: int) -> Prepared:
 
 @register("ember-backend", version=torch_ember_version)
 def ember_backend(w: Workload, threads: int) -> Prepared:
-    """torch.compile(backend="ember"): Inductor on ember plus ember's graph passes
-    (freezing with weight prepacking, linear fusions; see docs/compile.md), under
-    torch.inference_mode()."""
+    """torch.compile(backend="ember"): Inductor on ember plus ember's inference passes
+    (freezing, weight prepacking, linear + activation fusion; see docs/compile.md),
+    under torch.inference_mode()."""
     return _ember_compile(w, "ember", freezing=False)
