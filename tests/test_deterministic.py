@@ -523,3 +523,44 @@ def test_empty_and_scalar_reductions(deterministic):
         torch.testing.assert_close(e.sum(0 if x.dim() else ()).cpu(), x.sum(0 if x.dim() else ()))
         torch.testing.assert_close(e.mean().cpu(), x.mean(), equal_nan=True)
     assert torch_ember is not None
+
+
+# Kernels whose oneDNN / MKL calls split their sums by thread: under the mode
+# they run with every library on one thread (csrc/ops/kernels/SerialScope.h).
+_SPD_BASE = _rand(120, 120, seed=11)
+_SPD = _SPD_BASE @ _SPD_BASE.t() + 120 * torch.eye(120)
+SINGLE_THREADED = {
+    "conv2d_backward": (
+        lambda x, w: torch.autograd.grad(F.conv2d(x, w, padding=1).square().sum(), (x, w)),
+        (
+            _rand(16, 32, 20, 20, seed=12).requires_grad_(),
+            _rand(48, 32, 3, 3, seed=13).requires_grad_(),
+        ),
+    ),
+    # Values only for the correctness check: clustered eigenvalues leave the
+    # vectors ill-conditioned (their bits are still compared across threads
+    # through the reconstruction).
+    "eigh": (lambda a: torch.linalg.eigh(a)[0], (_SPD,)),
+    "svd": (lambda a: torch.linalg.svd(a)[1], (_SPD_BASE,)),
+    "inv": (torch.linalg.inv, (_SPD,)),
+    "cholesky": (torch.linalg.cholesky, (_SPD,)),
+    "qr": (lambda a: torch.linalg.qr(a), (_SPD_BASE,)),
+    "solve": (torch.linalg.solve, (_SPD, _SPD_BASE)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SINGLE_THREADED))
+def test_library_kernels_bitwise_across_threads(deterministic, name):
+    fn, inputs = SINGLE_THREADED[name]
+    results = []
+    for threads in THREADS:
+        torch.set_num_threads(threads)
+        args = [t.detach().to(DEVICE).requires_grad_(t.requires_grad) for t in inputs]
+        results.append([r.detach().cpu() for r in _flat(fn(*args))])
+    for result in results[1:]:
+        assert all(_same_bits(a, b) for a, b in zip(result, results[0], strict=True))
+    # Correct, not just repeatable: the mode-off CPU result to rounding.
+    expected = _flat(fn(*[t.detach().requires_grad_(t.requires_grad) for t in inputs]))
+    for got, want in zip(results[0], expected, strict=True):
+        want = want.detach()
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()

@@ -48,6 +48,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("linalg_vector_norm.out", out());
   m.impl("norm.out", out());
 
+  // Kernels whose oneDNN/MKL calls split sums by thread: one thread.
+  const auto single = [] {
+    return torch::CppFunction::makeFromBoxedFunction<
+        &det::single_threaded_when_deterministic>();
+  };
+  m.impl("convolution_backward", single());
+  m.impl("_linalg_eigh", single());
+  m.impl("_linalg_svd", single());
+  m.impl("linalg_inv_ex", single());
+  m.impl("linalg_cholesky_ex", single());
+  m.impl("linalg_qr", single());
+  m.impl("linalg_lu_factor_ex", single());
+  m.impl("_linalg_solve_ex", single());
+
   // ATen's kernel, serially (order-dependent only through threads).
   const auto serial = [] {
     return torch::CppFunction::makeFromBoxedFunction<

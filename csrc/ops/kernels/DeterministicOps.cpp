@@ -52,6 +52,7 @@
 #include "ops/DeviceScope.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicReduce.h"
+#include "ops/kernels/SerialScope.h"
 
 namespace ember::kernels::deterministic {
 namespace {
@@ -643,6 +644,17 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
 }
 
 // --- boxed: serial delegation and alerts -----------------------------------
+
+void single_threaded_when_deterministic(const c10::OperatorHandle& op,
+                                        c10::DispatchKeySet keys,
+                                        torch::jit::Stack* stack) {
+  if (!flags::deterministic()) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  const SerialScope one_thread;
+  cpu_delegation_fallback(op, keys, stack);
+}
 
 void serial_when_deterministic(const c10::OperatorHandle& op,
                                c10::DispatchKeySet keys,

@@ -84,6 +84,13 @@ Tensor3 group_norm_backward(T grad_out, T input, T mean, T rstd, OptT weight,
 void serial_when_deterministic(const c10::OperatorHandle& op,
                                c10::DispatchKeySet keys,
                                torch::jit::Stack* stack);
+// Boxed: the CPU delegation with every library on one thread in
+// deterministic mode (SerialScope): for kernels that split their
+// summations by thread inside oneDNN or MKL (convolution backward, LAPACK
+// factorisations), which no ATen parallel region reaches.
+void single_threaded_when_deterministic(const c10::OperatorHandle& op,
+                                        c10::DispatchKeySet keys,
+                                        torch::jit::Stack* stack);
 // Elementwise ops whose vector and scalar loops round differently (ATen's
 // thread split decides which elements take the scalar tail): ATen's kernel
 // (its out= form) on fixed 65536-element chunks, in parallel; serially

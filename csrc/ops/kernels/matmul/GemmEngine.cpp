@@ -21,6 +21,7 @@
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/kernels/SerialScope.h"
 #include "ops/kernels/tuning/Autotune.h"
 
 // Exported by libtorch_cpu (TORCH_API), but its header is not installed:
@@ -30,29 +31,13 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2,
                              const at::Tensor& result, float beta, float alpha);
 }  // namespace at::native
 
-// From the OpenMP runtime torch runs on (libgomp, linked explicitly).
-extern "C" {
-void omp_set_num_threads(int threads);
-int omp_get_max_threads();
-}
-
 namespace ember::matmul {
 namespace {
 
-// Inside a tile, the libraries must see one thread: oneDNN sizes its
-// K-split from omp_get_max_threads() even where the region is nested and
-// runs serially, which would tie the summation order to the thread count.
-// The setting is per OpenMP thread (its own ICV), so this is local.
-class OneOmpThread {
- public:
-  OneOmpThread() : previous_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneOmpThread() { omp_set_num_threads(previous_); }
-  OneOmpThread(const OneOmpThread&) = delete;
-  OneOmpThread& operator=(const OneOmpThread&) = delete;
-
- private:
-  int previous_;
-};
+// Inside a tile the libraries must see one thread: oneDNN sizes its K-split
+// from omp_get_max_threads() even where the region is nested and runs
+// serially, which would tie the summation order to the thread count.
+using OneOmpThread = kernels::SerialScope;
 
 using flags::Fp32Precision;
 
@@ -263,6 +248,7 @@ void gemm_tiled(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
           rhs = rhs.narrow(1, c, nc);
           if (s.defined()) s = s.narrow(0, r, nr).narrow(1, c, nc);
           // The tile always goes through the 2-D entry point.
+          const OneOmpThread serial;
           gemm_once(o, lhs, rhs, s, beta, alpha, library, precision, true);
         }
       });
