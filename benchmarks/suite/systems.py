@@ -340,6 +340,25 @@ def ember_eager(w: Workload, threads: int) -> Prepared:
     return run_on(w, module, device="ember", sync=torch.ember.synchronize)
 
 
+@register("ember-tuned", version=torch_ember_version)
+def ember_tuned(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.benchmark = True: each GEMM and 2-D
+    convolution signature times its algorithms (MKL vs oneDNN; oneDNN vs im2col)
+    during warm-up and keeps the fastest (docs/backends.md)."""
+    if not hasattr(torch, "ember"):
+        raise Skip("torch_ember is not loaded")
+    module = to_device_copy(w.module, "ember")
+
+    def call(*inputs):
+        # Only around this system's own runs: the harness interleaves systems.
+        with torch.backends.ember.flags(benchmark=True):
+            return module(*inputs)
+
+    return run_on(
+        w, call, device="ember", sync=torch.ember.synchronize, close=torch.ember.empty_cache
+    )
+
+
 def _ember_compile(w: Workload, backend: str, freezing: bool) -> Prepared:
     import torch._dynamo
     import torch._inductor.config

@@ -101,15 +101,30 @@ at::Tensor engine_conv(const at::Tensor& input, const at::Tensor& weight,
     }
     return onednn_conv(input, weight, bias, p, precision);
   }
-  const std::vector<tuning::Candidate> candidates{
-      {"onednn", [&] { onednn_conv(input, weight, bias, p, precision); }},
-      {"im2col", [&] { im2col_conv(input, weight, bias, p); }},
-  };
-  const size_t choice = tuning::choose(
-      "convolution",
-      signature(input, weight, bias.has_value() && bias->defined(), p,
-                precision),
-      candidates);
+  tuning::Key key("convolution");
+  key.add(input.sizes())
+      .add(input.strides())
+      .add(weight.sizes())
+      .add(weight.strides())
+      .add(bias.has_value() && bias->defined() ? 1 : 0)
+      .add(p.stride)
+      .add(p.padding)
+      .add(p.dilation)
+      .add(p.groups)
+      .add(static_cast<int64_t>(precision));
+  std::optional<size_t> cached = tuning::lookup(key);
+  if (!cached.has_value()) {
+    const std::vector<tuning::Candidate> candidates{
+        {"onednn", [&] { onednn_conv(input, weight, bias, p, precision); }},
+        {"im2col", [&] { im2col_conv(input, weight, bias, p); }},
+    };
+    cached = tuning::tune(
+        key,
+        signature(input, weight, bias.has_value() && bias->defined(), p,
+                  precision),
+        candidates);
+  }
+  const size_t choice = *cached;
   observe::mark_path(observe::ExecutionPath::kNative,
                      choice == 0 ? "onednn" : "im2col");
   return choice == 0 ? onednn_conv(input, weight, bias, p, precision)

@@ -336,26 +336,46 @@ void gemm(const char* op, const at::Tensor& out, const at::Tensor& a,
   const std::vector<Library> candidates = candidates_for(a, precision);
   Library library = candidates.front();
   if (candidates.size() > 1 && flags::benchmark()) {
-    // Candidates write into scratch: addmm's accumulation must see the
-    // original `out` once, in the final run below.
-    const at::Tensor scratch = at::empty_like(out);
-    std::vector<tuning::Candidate> timed;
-    for (Library candidate : candidates) {
-      timed.push_back({library_name(candidate), [&, candidate] {
-                         run(scratch, a, b, self, beta, alpha, candidate,
-                             precision, deterministic);
-                       }});
+    tuning::Key key(op);
+    key.add(static_cast<int64_t>(a.scalar_type()))
+        .add(a.sizes())
+        .add(a.strides())
+        .add(b.sizes())
+        .add(b.strides())
+        .add(static_cast<int64_t>(precision))
+        .add(deterministic ? 1 : 0);
+    if (self.defined() && beta.toDouble() != 0.0) {
+      key.add(self.sizes()).add(self.strides());
     }
-    library = candidates[tuning::choose(
-        op, signature(a, b, self, beta, precision, deterministic), timed)];
+    std::optional<size_t> cached = tuning::lookup(key);
+    if (!cached.has_value()) {
+      // Candidates write into scratch: addmm's accumulation must see the
+      // original `out` once, in the final run below.
+      const at::Tensor scratch = at::empty_like(out);
+      std::vector<tuning::Candidate> timed;
+      for (Library candidate : candidates) {
+        timed.push_back({library_name(candidate), [&, candidate] {
+                           run(scratch, a, b, self, beta, alpha, candidate,
+                               precision, deterministic);
+                         }});
+      }
+      cached = tuning::tune(
+          key, signature(a, b, self, beta, precision, deterministic), timed);
+    }
+    library = candidates[*cached];
   } else if (candidates.size() > 1) {
     library = flags::blas_library() == flags::BlasLibrary::kOneDnn
                   ? Library::kOneDnn
                   : Library::kAten;
   }
-  t_last_route = std::string(library_name(library)) + "/" +
-                 flags::to_string(precision) + (deterministic ? "/tiled" : "");
-  observe::mark_path(observe::ExecutionPath::kNative, t_last_route.c_str());
+  if (flags::verbose_level() > 0) {
+    t_last_route = std::string(library_name(library)) + "/" +
+                   flags::to_string(precision) +
+                   (deterministic ? "/tiled" : "");
+    observe::mark_path(observe::ExecutionPath::kNative, t_last_route.c_str());
+  } else {
+    observe::mark_path(observe::ExecutionPath::kNative);
+  }
   run(out, a, b, self, beta, alpha, library, precision, deterministic);
 }
 

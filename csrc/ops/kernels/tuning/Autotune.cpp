@@ -11,10 +11,27 @@
 namespace ember::tuning {
 namespace {
 
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    size_t h = std::hash<const void*>()(key.op());
+    for (int64_t v : key.values()) {
+      h ^=
+          std::hash<int64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return h;
+  }
+};
+
+struct Entry {
+  Key key;
+  size_t index;
+  Choice choice;
+};
+
 struct Cache {
   std::mutex mutex;
-  std::list<Choice> entries;  // insertion order: front is the oldest
-  std::unordered_map<std::string, std::list<Choice>::iterator> index;
+  std::list<Entry> entries;  // insertion order: front is the oldest
+  std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> index;
 };
 
 Cache& cache() {
@@ -39,21 +56,17 @@ double time_us(const std::function<void()>& run) {
 
 }  // namespace
 
-size_t choose(const std::string& op, const std::string& signature,
-              const std::vector<Candidate>& candidates) {
-  const std::string key = op + "|" + signature;
+std::optional<size_t> lookup(const Key& key) {
   Cache& c = cache();
-  {
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto found = c.index.find(key);
-    if (found != c.index.end()) {
-      const std::string& algorithm = found->second->algorithm;
-      for (size_t i = 0; i < candidates.size(); ++i) {
-        if (algorithm == candidates[i].name) return i;
-      }
-    }
-  }
-  Choice choice{op, signature, "", {}};
+  std::lock_guard<std::mutex> lock(c.mutex);
+  const auto found = c.index.find(key);
+  if (found == c.index.end()) return std::nullopt;
+  return found->second->index;
+}
+
+size_t tune(const Key& key, const std::string& describe,
+            const std::vector<Candidate>& candidates) {
+  Choice choice{key.op(), describe, "", {}};
   size_t best = 0;
   double best_us = 1e300;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -65,13 +78,14 @@ size_t choose(const std::string& op, const std::string& signature,
     }
   }
   choice.algorithm = candidates[best].name;
+  Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);
   if (c.index.count(key) == 0) {
-    c.entries.push_back(std::move(choice));
-    c.index[key] = std::prev(c.entries.end());
+    c.entries.push_back(Entry{key, best, std::move(choice)});
+    c.index.emplace(key, std::prev(c.entries.end()));
     const int64_t limit = flags::benchmark_limit();
     while (limit > 0 && static_cast<int64_t>(c.entries.size()) > limit) {
-      c.index.erase(c.entries.front().op + "|" + c.entries.front().signature);
+      c.index.erase(c.entries.front().key);
       c.entries.pop_front();
     }
   }
@@ -80,7 +94,9 @@ size_t choose(const std::string& op, const std::string& signature,
 
 std::vector<Choice> cache_entries() {
   std::lock_guard<std::mutex> lock(cache().mutex);
-  return {cache().entries.begin(), cache().entries.end()};
+  std::vector<Choice> out;
+  for (const Entry& entry : cache().entries) out.push_back(entry.choice);
+  return out;
 }
 
 void clear_cache() {
