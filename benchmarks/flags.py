@@ -96,22 +96,6 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def _current_flags() -> dict[str, Any]:
-    """Every switch as a flags() keyword, to restore after a section."""
-    return {
-        "deterministic": be.deterministic,
-        "benchmark": be.benchmark,
-        "benchmark_limit": be.benchmark_limit,
-        "fallback": be.fallback,
-        "matmul_fp32_precision": be.matmul.fp32_precision,
-        "conv_fp32_precision": be.conv.fp32_precision,
-        "blas_library": be.preferred_blas_library(),
-        "verbose": be.get_verbose(),
-        "flash_sdp": be.flash_sdp_enabled(),
-        "math_sdp": be.math_sdp_enabled(),
-    }
-
-
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(DEVICE)
 
@@ -530,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n## {title}\n", flush=True)
         section_start = time.perf_counter()
         try:
-            with be.flags(**_current_flags()):  # every switch restored afterwards
+            with be.flags(**be.current_flags()):  # every switch restored afterwards
                 result = runner(args.rounds, **(QUICK_SIZES.get(name, {}) if args.quick else {}))
             result["status"] = "ok"
         except NotAvailable as reason:

@@ -86,33 +86,13 @@ def _restore_backend_flags():
     """torch.backends.ember switches and the torch globals they follow come
     back to their values after every test, pass or fail."""
     be = torch.backends.ember
-    saved = {
-        "deterministic": be.deterministic,
-        "benchmark": be.benchmark,
-        "benchmark_limit": be.benchmark_limit,
-        "fallback": be.fallback,
-        "matmul_fp32_precision": be.matmul.fp32_precision,
-        "conv_fp32_precision": be.conv.fp32_precision,
-        "blas_library": be.preferred_blas_library(),
-        "verbose": be.get_verbose(),
-        "flash_sdp": be.flash_sdp_enabled(),
-        "math_sdp": be.math_sdp_enabled(),
-    }
+    saved = be.current_flags()
     float32_precision = torch.get_float32_matmul_precision()
     deterministic_algorithms = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     threads = torch.get_num_threads()
     yield
-    be.deterministic = saved["deterministic"]
-    be.benchmark = saved["benchmark"]
-    be.benchmark_limit = saved["benchmark_limit"]
-    be.fallback = saved["fallback"]
-    be.matmul.fp32_precision = saved["matmul_fp32_precision"]
-    be.conv.fp32_precision = saved["conv_fp32_precision"]
-    be.preferred_blas_library(saved["blas_library"])
-    be.verbose(saved["verbose"])
-    be.enable_flash_sdp(saved["flash_sdp"])
-    be.enable_math_sdp(saved["math_sdp"])
+    be.set_flags(**saved)
     torch.set_float32_matmul_precision(float32_precision)
     torch.use_deterministic_algorithms(deterministic_algorithms, warn_only=warn_only)
     torch.set_num_threads(threads)

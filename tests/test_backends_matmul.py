@@ -240,3 +240,40 @@ def test_deterministic_bmm_and_backward_across_thread_counts():
         grads.append(ae.grad.cpu())
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert all(torch.equal(gr, grads[0]) for gr in grads)
+
+
+def test_single_row_addmm_stays_within_its_buffers():
+    """oneDNN's single-row addmm wrote past a scratch buffer it allocated from
+    ember memory (corrupting a neighbour); ember keeps those on ATen's path.
+    EMBER_DEBUG_HEAP=1 puts canaries after every such allocation."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, torch, torch_ember\n"
+        "be = torch.backends.ember\n"
+        "for setting in ({'blas_library': 'onednn'}, {'benchmark': True}):\n"
+        "    with be.flags(**setting):\n"
+        "        for k in (2048, 4096):\n"
+        "            x = torch.randn(1, k, device='ember')\n"
+        "            w = torch.randn(1000, k, device='ember')\n"
+        "            b = torch.randn(1000, device='ember')\n"
+        "            for weight in (w.t(), w.t().contiguous()):\n"
+        "                y = torch.addmm(b, x, weight)\n"
+        "                del y\n"
+        "                gc.collect()\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, EMBER_DEBUG_HEAP="1")
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "heap check" not in done.stderr
+    assert done.stdout.strip() == "ok"

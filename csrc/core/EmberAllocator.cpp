@@ -3,6 +3,8 @@
 #include <c10/util/Exception.h>
 
 #include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -10,6 +12,7 @@
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
 #include "observe/OpLog.h"
 
 namespace ember {
@@ -41,7 +44,38 @@ struct alignas(64) CpuKernelHeader {
   uint64_t magic;
   int64_t device;
   rt::Block* block;
+  uint64_t nbytes;
+  const char* op;  // the delegated op that allocated it (heap checks)
 };
+
+// EMBER_DEBUG_HEAP=1: 64 canary bytes after every CPU-kernel allocation,
+// checked (with the header) when it is freed; a mismatch names the op.
+constexpr size_t kCanaryBytes = 256;
+constexpr unsigned char kCanary = 0xEB;
+const bool kHeapChecks = [] {
+  const char* value = std::getenv("EMBER_DEBUG_HEAP");
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}();
+
+void check_heap_block(const CpuKernelHeader* header, const void* data) {
+  if (header->magic != CpuKernelHeader::kMagic) {
+    std::fprintf(stderr, "[ember] heap check: corrupt header before %p\n",
+                 data);
+    return;
+  }
+  const auto* canary = static_cast<const unsigned char*>(data) + header->nbytes;
+  size_t reach = 0;  // how far past the end the furthest write went
+  for (size_t i = 0; i < kCanaryBytes; ++i) {
+    if (canary[i] != kCanary) reach = i + 1;
+  }
+  if (reach > 0) {
+    std::fprintf(stderr,
+                 "[ember] heap check: %zu-byte block from %s written up to "
+                 "%zu bytes past its end\n",
+                 static_cast<size_t>(header->nbytes),
+                 header->op != nullptr ? header->op : "?", reach);
+  }
+}
 static_assert(sizeof(CpuKernelHeader) == rt::kAlignment);
 
 CpuKernelHeader* header_of(void* data) {
@@ -51,6 +85,7 @@ CpuKernelHeader* header_of(void* data) {
 
 void free_cpu_kernel_block(void* data) {
   CpuKernelHeader* header = header_of(data);
+  if (kHeapChecks) check_heap_block(header, data);
   header->magic = 0;
   if (flags::verbose_level() >= 2) {
     observe::log_free(static_cast<int>(header->device), data);
@@ -97,12 +132,16 @@ c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(
   const c10::Device cpu(c10::DeviceType::CPU);
   if (nbytes == 0) return c10::DataPtr(nullptr, cpu);
   rt::Allocation allocation = translate_runtime_errors([&] {
-    return rt::device(device).allocator().allocate(nbytes +
-                                                   sizeof(CpuKernelHeader));
+    return rt::device(device).allocator().allocate(
+        nbytes + sizeof(CpuKernelHeader) + (kHeapChecks ? kCanaryBytes : 0));
   });
   auto* header = new (allocation.ptr)
-      CpuKernelHeader{CpuKernelHeader::kMagic, device, allocation.block};
+      CpuKernelHeader{CpuKernelHeader::kMagic, device, allocation.block, nbytes,
+                      observe::t_current_op};
   void* data = header + 1;
+  if (kHeapChecks) {
+    std::memset(static_cast<char*>(data) + nbytes, kCanary, kCanaryBytes);
+  }
   if (flags::verbose_level() >= 2)
     observe::log_allocation(device, nbytes, data);
   return c10::DataPtr(data, data, &free_cpu_kernel_block, cpu);

@@ -14,6 +14,8 @@ enum class ExecutionPath : unsigned char {
 
 inline thread_local ExecutionPath t_path = ExecutionPath::kUnmarked;
 inline thread_local const char* t_route = nullptr;  // e.g. "onednn/bf16"
+// The delegated op running on this thread (a static name), for heap checks.
+inline thread_local const char* t_current_op = nullptr;
 
 inline void mark_path(ExecutionPath path, const char* route = nullptr) {
   // A copy is the most telling fact about a call: never downgrade it.

@@ -23,6 +23,9 @@ class DelegationCall final {
         accepts_cpu_tensors_(accepts_cpu_tensors),
         scope_(-1) {
     observe::mark_path(observe::ExecutionPath::kDelegated);
+    // Op names come from static strings or registered schemas (stable and
+    // null-terminated): safe to keep for EMBER_DEBUG_HEAP reports.
+    observe::t_current_op = op_name.data();
   }
 
   // An argument on its way to the CPU kernel: ember tensors become aliases,

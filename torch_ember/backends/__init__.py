@@ -227,6 +227,37 @@ _FLAG_KEYWORDS = {
 }
 
 
+def _switches() -> dict[str, tuple[Any, Any]]:
+    return {**_PROPERTIES, **_FLAG_KEYWORDS}
+
+
+def current_flags() -> dict[str, Any]:
+    """Every switch's value, keyed by its flags() keyword."""
+    return {name: getter() for name, (getter, _) in _switches().items()}
+
+
+def set_flags(**settings: Any) -> dict[str, Any]:
+    """Sets several switches at once and returns their previous values (as
+    flags() keywords, so ``set_flags(**previous)`` undoes it). Every name is
+    checked first and a bad value undoes what was already set: nothing is
+    ever half-applied."""
+    known = _switches()
+    for name in settings:
+        if name not in known:
+            raise _no_such_attribute("torch.backends.ember.flags()", name, sorted(known))
+    previous = {name: known[name][0]() for name in settings}
+    applied: list[str] = []
+    try:
+        for name, value in settings.items():
+            known[name][1](value)
+            applied.append(name)
+    except Exception:
+        for name in reversed(applied):
+            known[name][1](previous[name])
+        raise
+    return previous
+
+
 @contextlib.contextmanager
 def flags(**settings: Any) -> Iterator[None]:
     """Sets several switches for the body and restores all of them on exit,
@@ -237,25 +268,11 @@ def flags(**settings: Any) -> Iterator[None]:
     Every name and value is validated before anything changes, so a bad
     keyword leaves all switches as they were.
     """
-    known = {**{k: v for k, v in _PROPERTIES.items()}, **_FLAG_KEYWORDS}
-    for name in settings:
-        if name not in known:
-            raise _no_such_attribute("torch.backends.ember.flags()", name, sorted(known))
-    saved = {name: known[name][0]() for name in settings}
-    applied: list[str] = []
-    try:
-        for name, value in settings.items():
-            known[name][1](value)
-            applied.append(name)
-    except Exception:
-        for name in reversed(applied):
-            known[name][1](saved[name])
-        raise
+    previous = set_flags(**settings)
     try:
         yield
     finally:
-        for name in reversed(applied):
-            known[name][1](saved[name])
+        set_flags(**previous)
 
 
 class _EmberBackendModule(types.ModuleType):
@@ -292,6 +309,7 @@ __all__ = [
     "benchmark_cache_info",
     "capabilities",
     "conv",
+    "current_flags",
     "enable_flash_sdp",
     "enable_math_sdp",
     "flags",
@@ -303,6 +321,7 @@ __all__ = [
     "math_sdp_enabled",
     "matmul",
     "preferred_blas_library",
+    "set_flags",
     "verbose",
     "version",
 ]

@@ -137,6 +137,22 @@ std::vector<int64_t> concrete(c10::SymIntArrayRef values) {
   return out;
 }
 
+// The default: CPU's whole convolution path, through the boxed delegation.
+at::Tensor cpu_convolution(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias,
+                           c10::SymIntArrayRef stride,
+                           c10::SymIntArrayRef padding,
+                           c10::SymIntArrayRef dilation, bool transposed,
+                           c10::SymIntArrayRef output_padding,
+                           const c10::SymInt& groups) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+  return unboxed::boxed(op, input, weight, bias, stride, padding, dilation,
+                        transposed, output_padding, groups)
+      .back()
+      .toTensor();
+}
+
 }  // namespace
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -145,12 +161,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        c10::SymIntArrayRef dilation, bool transposed,
                        c10::SymIntArrayRef output_padding, c10::SymInt groups) {
   if (!engine_applies(input, weight, transposed)) {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
-    return unboxed::boxed(op, input, weight, bias, stride, padding, dilation,
-                          transposed, output_padding, groups)
-        .back()
-        .toTensor();
+    return cpu_convolution(input, weight, bias, stride, padding, dilation,
+                           transposed, output_padding, groups);
   }
   ConvParams params{concrete(stride), concrete(padding), concrete(dilation),
                     groups.guard_int(__FILE__, __LINE__)};
@@ -159,12 +171,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   if (params.stride.size() != 2 || params.padding.size() != 2 ||
       params.dilation.size() != 2 || weight.dim() != 4 ||
       input.size(1) != weight.size(1) * params.groups) {
-    static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
-    return unboxed::boxed(op, input, weight, bias, stride, padding, dilation,
-                          transposed, output_padding, groups)
-        .back()
-        .toTensor();
+    return cpu_convolution(input, weight, bias, stride, padding, dilation,
+                           transposed, output_padding, groups);
   }
   return unboxed::custom<at::Tensor>(
       "aten::convolution",

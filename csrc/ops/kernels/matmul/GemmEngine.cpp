@@ -64,6 +64,15 @@ Fp32Precision precision_for(const at::Tensor& a);
 // The libraries that can run this call under the current precision.
 std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
   if (!onednn_supports(a)) return {Library::kAten};
+  // oneDNN's single-row matmul with a summed bias (addmm, M == 1, K >= 2048)
+  // writes hundreds of bytes past a scratch buffer it allocates (found with
+  // EMBER_DEBUG_HEAP=1): single-row products stay on ATen's path, unless
+  // only oneDNN offers the precision asked for (it then takes no bias sum).
+  const bool single_row = a.size(-2) == 1;
+  if (single_row &&
+      (a.scalar_type() != at::kFloat || p == Fp32Precision::kIeee)) {
+    return {Library::kAten};
+  }
   if (a.scalar_type() == at::kFloat && p != Fp32Precision::kIeee) {
     // bf16 operands with an fp32 result: only oneDNN offers that product.
     return {Library::kOneDnn};
