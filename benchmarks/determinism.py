@@ -96,6 +96,17 @@ def cases(quick: bool) -> list[Case]:
         Case("sum", f"{big} dim=0", lambda: (_t(*big),), lambda x: x.sum(0)),
         Case("sum", "(64, 1024) dim=1", lambda: (_t(64, 1024),), lambda x: x.sum(1)),
         Case("mean", f"({n},) all", lambda: (_t(n),), lambda x: x.mean()),
+        # The matmul family: fixed 256x256 output tiles, one serial GEMM each.
+        Case(
+            "mm", "(1024, 1024) @ (1024, 1024)", lambda: (_t(1024, 1024), _t(1024, 1024)), torch.mm
+        ),
+        Case("mm", "(8, 65536) @ (65536, 8)", lambda: (_t(8, 65536), _t(65536, 8)), torch.mm),
+        Case(
+            "linear",
+            "(128, 768) x (3072, 768)",
+            lambda: (_t(128, 768), _t(3072, 768), _t(3072)),
+            torch.nn.functional.linear,
+        ),
         Case("var", f"{big} dim=1", lambda: (_t(*big),), lambda x: x.var(1)),
         Case("std", f"({n},) all", lambda: (_t(n),), lambda x: x.std()),
         Case("norm", f"({n},) p=2", lambda: (_t(n),), lambda x: torch.linalg.vector_norm(x)),

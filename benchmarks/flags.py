@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -362,25 +362,18 @@ def bench_determinism(rounds: int) -> dict[str, Any]:
     path = Path(__file__).with_name("determinism.py")
     if not path.exists():
         raise NotAvailable("benchmarks/determinism.py does not exist yet (skipped)")
-    spec = importlib.util.spec_from_file_location("ember_bench_determinism", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for entry in ("run", "main"):
-        function = getattr(module, entry, None)
-        if function is None:
-            continue
-        try:
-            result = function([]) if entry == "main" else function()
-        except TypeError:
-            result = function()
-        except SystemExit as exit_:  # a main() that exits: 0 is success
-            if exit_.code not in (0, None):
-                raise RuntimeError(f"benchmarks/determinism.py exited with {exit_.code}") from None
-            result = None
-        table = result.get("table", "") if isinstance(result, dict) else ""
-        json_safe = json.loads(json.dumps(result, default=str))
-        return {"result": json_safe, "table": table or "(see the output above)", "notes": []}
-    raise NotAvailable("benchmarks/determinism.py has no run() or main()")
+    # Its own process: it sets thread counts and flags of its own.
+    done = subprocess.run(
+        [sys.executable, str(path), "--threads", str(torch.get_num_threads())],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmarks/determinism.py failed: {done.stderr[-500:]}")
+    table = "\n".join(line for line in done.stdout.splitlines() if line.startswith("|"))
+    return {"result": {"stdout": done.stdout}, "table": table, "notes": []}
 
 
 class _StderrToFile:
