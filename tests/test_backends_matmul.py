@@ -242,14 +242,10 @@ def test_deterministic_bmm_and_backward_across_thread_counts():
     assert all(torch.equal(gr, grads[0]) for gr in grads)
 
 
-def test_single_row_addmm_stays_within_its_buffers():
+def test_single_row_addmm_stays_within_its_buffers(run_python):
     """oneDNN's single-row addmm wrote past a scratch buffer it allocated from
     ember memory (corrupting a neighbour); ember keeps those on ATen's path.
     EMBER_DEBUG_HEAP=1 puts canaries after every such allocation."""
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import gc, torch, torch_ember\n"
         "be = torch.backends.ember\n"
@@ -265,15 +261,7 @@ def test_single_row_addmm_stays_within_its_buffers():
         "                gc.collect()\n"
         "print('ok')\n"
     )
-    env = dict(os.environ, EMBER_DEBUG_HEAP="1")
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_python(code, env={"EMBER_DEBUG_HEAP": "1"}, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "heap check" not in done.stderr
     assert done.stdout.strip() == "ok"

@@ -1,10 +1,7 @@
 """torch.backends.ember.verbose: level 1 logs each ember op (shapes, dtypes,
 execution path, microseconds), level 2 adds allocator events, 0 is silent."""
 
-import os
 import re
-import subprocess
-import sys
 
 import torch
 
@@ -71,17 +68,9 @@ def test_cpu_ops_are_not_logged(capfd):
     assert "[ember]" not in capfd.readouterr().err
 
 
-def test_environment_variable_sets_the_level():
+def test_environment_variable_sets_the_level(run_python):
     code = "import torch, torch_ember; torch.ones(2, device='ember').neg()"
-    env = dict(os.environ, EMBER_VERBOSE="1")
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        check=False,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_python(code, env={"EMBER_VERBOSE": "1"})
     assert done.returncode == 0, done.stderr
     assert any(op[0] == "aten::neg" for op in _ops(done.stderr))
 
