@@ -1,8 +1,9 @@
 // Where ember's deterministic mode hooks in (flags::deterministic()).
-// Registration only: kernels live in ops/kernels/DeterministicOps.cpp; each
-// is the plain CPU delegation while the mode is off. _softmax and gelu are
-// registered in ops/kernels/HotOps.cpp, whose lines must point at
-// kernels::deterministic::softmax and ::gelu for the mode to reach them.
+// Registration only: kernels live in ops/kernels/Deterministic*.cpp
+// (reductions and softmax in Ops, norms in Norms, boxed paths in Boxed);
+// each is the plain CPU delegation while the mode is off. _softmax and gelu
+// are registered in ops/kernels/HotOps.cpp, which points them at
+// kernels::deterministic::softmax and ::gelu.
 #include <torch/library.h>
 
 #include "ops/kernels/DeterministicOps.h"
