@@ -21,6 +21,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "requires_two_devices: needs at least two ember devices (EMBER_DEVICES>=2)"
     )
+    config.addinivalue_line(
+        "markers",
+        "cpu_parity: runs with torch.backends.ember.cpu_parity = True (the test compares "
+        "with CPU bit for bit; ember's default kernels agree only within tolerance)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -96,3 +101,11 @@ def _restore_backend_flags():
     torch.set_float32_matmul_precision(float32_precision)
     torch.use_deterministic_algorithms(deterministic_algorithms, warn_only=warn_only)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_parity_for_marked_tests(request, _restore_backend_flags):
+    """Tests marked ``cpu_parity`` run with every op on CPU's own kernel
+    (restored afterwards by _restore_backend_flags)."""
+    if request.node.get_closest_marker("cpu_parity") is not None:
+        torch.backends.ember.cpu_parity = True

@@ -104,6 +104,7 @@ def test_disabled_contracts_left_to_right():
     assert record.flops() == _path_cost(LEFT_TO_RIGHT)
 
 
+@pytest.mark.cpu_parity
 @pytest.mark.parametrize("strategy", ["greedy", "optimal", "auto", "disabled"])
 def test_ember_equals_cpu_bitwise(strategy):
     if strategy == "disabled":
@@ -123,6 +124,7 @@ def test_every_order_gives_the_same_product_to_rounding():
         torch.testing.assert_close(_einsum("ember")[0].double(), reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.cpu_parity
 @pytest.mark.requires_two_devices
 def test_einsum_on_the_second_device():
     torch.backends.opt_einsum.strategy = "optimal"

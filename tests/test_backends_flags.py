@@ -22,6 +22,11 @@ be = ember_backends
 
 # Every flags() keyword: (read current value, set value) through the public surface.
 SWITCHES = {
+    "cpu_parity": (lambda: be.cpu_parity, lambda v: setattr(be, "cpu_parity", v)),
+    "packed_weights_limit": (
+        lambda: be.packed_weights_limit,
+        lambda v: setattr(be, "packed_weights_limit", v),
+    ),
     "deterministic": (lambda: be.deterministic, lambda v: setattr(be, "deterministic", v)),
     "benchmark": (lambda: be.benchmark, lambda v: setattr(be, "benchmark", v)),
     "benchmark_limit": (lambda: be.benchmark_limit, lambda v: setattr(be, "benchmark_limit", v)),
@@ -41,6 +46,7 @@ SWITCHES = {
 }
 
 DEFAULTS = {
+    "cpu_parity": False,
     "deterministic": False,
     "benchmark": False,
     "fallback": "allow",
@@ -55,6 +61,8 @@ DEFAULTS = {
 # A value of each switch other than its default (blas: a library this build has).
 _OTHER_BLAS = next((b for b in be.available_blas_libraries() if b != "default"), "default")
 CHANGED = {
+    "cpu_parity": True,
+    "packed_weights_limit": 12345,
     "deterministic": True,
     "benchmark": True,
     "benchmark_limit": 3,
@@ -70,6 +78,8 @@ CHANGED = {
 # Invalid values per flags() keyword, with a pattern the error must contain.
 _BOOL = r"True or False"
 INVALID = {
+    "cpu_parity": [("yes", _BOOL), (1, _BOOL)],
+    "packed_weights_limit": [(-1, r">= 0"), (True, r">= 0"), (1.5, r">= 0")],
     "deterministic": [("yes", _BOOL), (1, _BOOL), (None, _BOOL)],
     "benchmark": [("true", _BOOL), (0, _BOOL)],
     "benchmark_limit": [(-1, r">= 0"), (True, r">= 0"), (2.5, r">= 0"), ("8", r">= 0")],
@@ -113,14 +123,19 @@ def test_surface_covers_every_flags_keyword():
 def test_defaults_in_a_fresh_process(run_python):
     code = (
         "import json, torch, torch_ember; be = torch.backends.ember; print(json.dumps({"
-        "'deterministic': be.deterministic, 'benchmark': be.benchmark, "
+        "'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
         "'benchmark_limit': be.benchmark_limit, 'fallback': be.fallback, "
         "'matmul_fp32_precision': be.matmul.fp32_precision, "
         "'conv_fp32_precision': be.conv.fp32_precision, "
         "'blas_library': be.preferred_blas_library(), 'verbose': be.get_verbose(), "
         "'flash_sdp': be.flash_sdp_enabled(), 'math_sdp': be.math_sdp_enabled()}))"
     )
-    env = {"EMBER_STRICT": None, "EMBER_FALLBACK": None, "EMBER_VERBOSE": None}
+    env = {
+        "EMBER_STRICT": None,
+        "EMBER_FALLBACK": None,
+        "EMBER_VERBOSE": None,
+        "EMBER_CPU_PARITY": None,
+    }
     result = run_python(code, env=env)
     assert result.returncode == 0, result.stderr
     defaults = json.loads(result.stdout)
@@ -151,6 +166,7 @@ def test_every_value_round_trips(name):
         "blas_library": list(be.available_blas_libraries()),
         "verbose": [0, 1, 2],
         "benchmark_limit": [0, 1, 64],
+        "packed_weights_limit": [0, 1024, 4 << 30],
     }.get(name, [True, False])
     for value in values:
         set_(value)

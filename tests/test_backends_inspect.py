@@ -20,6 +20,8 @@ NUM_DEVICES = torch.ember.device_count()
 
 # Every flags() keyword; the report lists each under this name in --json.
 FLAG_KEYWORDS = (
+    "cpu_parity",
+    "packed_weights_limit",
     "deterministic",
     "benchmark",
     "benchmark_limit",
@@ -33,6 +35,8 @@ FLAG_KEYWORDS = (
 )
 # What the text report names them (attribute or function of torch.backends.ember).
 TEXT_NAMES = (
+    "cpu_parity",
+    "packed_weights_limit",
     "deterministic",
     "are_deterministic_algorithms_enabled",
     "benchmark",

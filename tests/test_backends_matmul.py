@@ -51,13 +51,14 @@ OPS = {
 }
 
 
+@pytest.mark.cpu_parity
 @pytest.mark.parametrize("name", sorted(OPS))
 def test_fp32_precision_changes_the_arithmetic(name):
     fn, shapes = OPS[name]
     g = torch.Generator().manual_seed(1)
     cpu_args = [torch.randn(s, generator=g) for s in shapes]
     errors, results = _mm_errors(fn, *cpu_args)
-    # ieee is ember's default path: CPU's kernel, bit for bit.
+    # ieee under cpu_parity: CPU's kernel, bit for bit.
     assert torch.equal(results["ieee"], fn(*cpu_args))
     # bf16 rounds the operands to 8 significant bits: far less accurate.
     assert errors["bf16"] > 50 * errors["ieee"]
@@ -159,6 +160,9 @@ def test_blas_library_choice_changes_the_route(capfd):
     be.preferred_blas_library("mkl")
     with be.verbose(1):
         assert torch.equal((ae @ bb).cpu(), a @ b)  # ATen's MKL path: CPU's bits
+    assert "native mkl/ieee" in capfd.readouterr().err
+    with be.flags(cpu_parity=True), be.verbose(1):
+        assert torch.equal((ae @ bb).cpu(), a @ b)
     assert "delegated" in capfd.readouterr().err
     with pytest.raises(ValueError, match="'onednn'"):
         be.preferred_blas_library("cublas")

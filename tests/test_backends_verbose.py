@@ -26,10 +26,19 @@ def test_level_1_logs_every_op_with_path_and_time(capfd):
     assert ops["aten::relu"][0] == "Float[4, 3]"
     assert ops["aten::relu"][1] == "delegated"
     assert ops["aten::linear"][1] == "composite"
-    assert ops["aten::mm"][1] == "delegated"
+    assert ops["aten::mm"][1] == "native"  # ember's GEMM route
     assert all(float(us) >= 0 for _, _, _, us in ops.values())
     assert "alloc" not in log
     assert y.shape == (4, 3)
+
+
+def test_cpu_parity_delegates_the_gemm(capfd):
+    x = torch.randn(4, 8, device=DEVICE)
+    w = torch.randn(3, 8, device=DEVICE)
+    with be.flags(cpu_parity=True), be.verbose(1):
+        torch.nn.functional.linear(x, w)
+    ops = {name: path for name, _, path, _, _ in _ops(capfd.readouterr().err)}
+    assert ops["aten::mm"] == "delegated"
 
 
 def test_engine_route_is_named(capfd):

@@ -24,6 +24,7 @@ from torch_ember import backends as ember_backends
 # Environment variables that change ember's behaviour at start-up.
 ENVIRONMENT_VARIABLES = (
     "EMBER_DEVICES",
+    "EMBER_CPU_PARITY",
     "EMBER_VERBOSE",
     "EMBER_FALLBACK",
     "EMBER_STRICT",
@@ -45,6 +46,8 @@ def _flags() -> dict[str, Any]:
     with what it resolves to where that differs from the setting."""
     be = ember_backends
     return {
+        "cpu_parity": _safe(lambda: be.cpu_parity),
+        "packed_weights_limit": _safe(lambda: be.packed_weights_limit),
         "deterministic": _safe(lambda: be.deterministic),
         "effective_deterministic": _safe(lambda: _C.flags.effective_deterministic()),
         "benchmark": _safe(lambda: be.benchmark),
@@ -215,6 +218,8 @@ def render(info: dict[str, Any]) -> str:
     lines += ["", "flags (torch.backends.ember):"]
     lines += _rows(
         [
+            ("cpu_parity", flags["cpu_parity"]),
+            ("packed_weights_limit", flags["packed_weights_limit"]),
             ("deterministic", deterministic),
             ("benchmark", flags["benchmark"]),
             ("benchmark_limit", flags["benchmark_limit"]),

@@ -3,6 +3,8 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
+#include "ember/runtime/cpu_features.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -13,12 +15,19 @@ namespace {
 // -1 in a precision slot means "not set: follow torch's global setting".
 constexpr int8_t kFollowGlobal = -1;
 
+bool env_is_on(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
+}
+
+std::atomic<bool> g_cpu_parity{env_is_on("EMBER_CPU_PARITY")};
 std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_benchmark{false};
 std::atomic<int64_t> g_benchmark_limit{100};
 std::atomic<int8_t> g_matmul_precision{kFollowGlobal};
 std::atomic<int8_t> g_conv_precision{kFollowGlobal};
-std::atomic<bool> g_bf16x3_faster{false};
+// AMX's bf16 products with fp32 results are what make bf16x3 pay off.
+std::atomic<bool> g_bf16x3_faster{runtime::cpu_features().amx_bf16};
 std::atomic<uint8_t> g_blas{static_cast<uint8_t>(BlasLibrary::kDefault)};
 
 int initial_verbose_level() {
@@ -112,6 +121,9 @@ const char* to_string(FallbackPolicy policy) {
   }
   return "?";
 }
+
+bool cpu_parity() { return g_cpu_parity.load(std::memory_order_relaxed); }
+void set_cpu_parity(bool on) { g_cpu_parity.store(on); }
 
 bool deterministic() {
   return g_deterministic.load(std::memory_order_relaxed) ||

@@ -27,6 +27,13 @@ const char* to_string(BlasLibrary library);
 enum class FallbackPolicy : uint8_t { kAllow, kWarn, kError };
 const char* to_string(FallbackPolicy policy);
 
+// CPU parity: every op runs CPU's own ATen kernel (bitwise equal to CPU).
+// Off by default: ember runs its fastest correct kernels (packed GEMM,
+// skinny-GEMM streaming, ...), equal to CPU within OpInfo's tolerances.
+// EMBER_CPU_PARITY=1 sets it at start-up.
+bool cpu_parity();
+void set_cpu_parity(bool on);
+
 // Determinism: ember's own switch or torch.use_deterministic_algorithms.
 bool deterministic();
 bool deterministic_flag();  // ember's switch alone
@@ -51,7 +58,10 @@ std::string matmul_fp32_precision_setting();
 std::string conv_fp32_precision_setting();
 void set_matmul_fp32_precision(const std::string& value);  // "none" resets
 void set_conv_fp32_precision(const std::string& value);
-// Whether bf16x3 beats ieee on this CPU ("high" maps to it only then).
+// Whether "high" resolves to bf16x3 on this CPU: only where bf16 products
+// with an fp32 result run on AMX (AMX-BF16 granted by the OS); elsewhere
+// bf16x3 measured slower than fp32 and "high" means ieee. Decided from
+// CPUID once, so it is the same in every process on one machine.
 bool bf16x3_is_faster();
 void set_bf16x3_is_faster(bool faster);
 

@@ -18,6 +18,7 @@
 #include "ember/runtime/device.h"
 #include "ops/FallbackStats.h"
 #include "ops/RegisterEmberOps.h"
+#include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/tuning/Autotune.h"
 
 namespace py = pybind11;
@@ -61,6 +62,10 @@ py::dict memory_stats(int device) {
   d["num_ooms"] = s.num_ooms;
   d["num_device_alloc"] = s.num_device_alloc;
   d["num_device_free"] = s.num_device_free;
+  // ember's own key: bytes of prepacked GEMM weights (included in
+  // allocated_bytes); torch.ember.empty_cache() releases them.
+  d["packed_weight_bytes"] =
+      matmul::pack_cache_bytes_on(static_cast<c10::DeviceIndex>(device));
   return d;
 }
 
@@ -171,8 +176,22 @@ PYBIND11_MODULE(_C, m) {
     // Like torch.cuda.empty_cache freeing cuDNN's workspace: the autotuning
     // cache goes too.
     tuning::clear_cache();
+    matmul::clear_pack_cache();
     device_allocator()->emptyCache();
   });
+  m.def("pack_cache_info", [] {
+    const matmul::PackCacheStats s = matmul::pack_cache_stats();
+    py::dict d;
+    d["entries"] = s.entries;
+    d["bytes"] = s.bytes;
+    d["limit"] = s.limit;
+    d["hits"] = s.hits;
+    d["packs"] = s.packs;
+    d["invalidations"] = s.invalidations;
+    d["evictions"] = s.evictions;
+    return d;
+  });
+  m.def("set_pack_cache_limit", &matmul::set_pack_cache_limit);
   m.def("reset_peak_memory_stats", [](int device) {
     device_allocator()->resetPeakStats(static_cast<c10::DeviceIndex>(device));
   });

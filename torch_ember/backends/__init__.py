@@ -1,8 +1,16 @@
 """``torch.backends.ember``: how ops run on ember, in the style of
 ``torch.backends.cudnn`` / ``torch.backends.mkldnn``.
 
+By default ember runs its fastest correct kernels (prepacked GEMM, skinny
+GEMM that streams packed weights, ...): results agree with CPU within the
+tolerances PyTorch's device tests use and are reproducible run to run.
+``cpu_parity = True`` (or ``EMBER_CPU_PARITY=1``) sends every op to CPU's
+own kernel instead, bitwise equal to CPU.
+
 Every switch changes what runs (the tests in ``tests/test_backends_*.py``
 show each effect)::
+
+    torch.backends.ember.cpu_parity = True          # CPU's kernels, bitwise
 
     torch.backends.ember.deterministic = True       # bitwise across thread counts
     torch.backends.ember.benchmark = True           # autotune conv / matmul
@@ -184,8 +192,28 @@ def benchmark_cache_info() -> dict[str, Any]:
     return _C.benchmark_cache_info()
 
 
+def packed_weights_info() -> dict[str, int]:
+    """The prepacked-weight cache of the default GEMM route:
+    ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
+    "evictions"}``. A GEMM operand that comes back unchanged (a weight) is
+    packed on its second use; packs live in ember memory (counted in
+    ``torch.ember.memory_stats()``, key ``packed_weight_bytes``) and go with
+    ``torch.ember.empty_cache()``, a write to the weight or its release."""
+    return dict(_C.pack_cache_info())
+
+
+def _set_packed_weights_limit(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"packed_weights_limit must be an int >= 0 (bytes); got {value!r}")
+    _C.set_pack_cache_limit(value)
+
+
 # name -> (getter, setter-with-validation)
 _PROPERTIES: dict[str, tuple[Any, Any]] = {
+    "cpu_parity": (
+        _flags.cpu_parity,
+        lambda v: _flags.set_cpu_parity(_check_bool("cpu_parity", v)),
+    ),
     "deterministic": (
         _flags.deterministic,
         lambda v: _flags.set_deterministic(_check_bool("deterministic", v)),
@@ -209,6 +237,10 @@ def _set_benchmark_limit(value: Any) -> None:
 
 
 _PROPERTIES["benchmark_limit"] = (_flags.benchmark_limit, _set_benchmark_limit)
+_PROPERTIES["packed_weights_limit"] = (
+    lambda: _C.pack_cache_info()["limit"],
+    _set_packed_weights_limit,
+)
 
 # flags() keywords beyond the plain properties.
 _FLAG_KEYWORDS = {
@@ -261,8 +293,8 @@ def set_flags(**settings: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def flags(**settings: Any) -> Iterator[None]:
     """Sets several switches for the body and restores all of them on exit,
-    also when the body raises. Keywords: deterministic, benchmark,
-    benchmark_limit, fallback, matmul_fp32_precision, conv_fp32_precision,
+    also when the body raises. Keywords: cpu_parity, deterministic, benchmark,
+    benchmark_limit, packed_weights_limit, fallback, matmul_fp32_precision, conv_fp32_precision,
     blas_library, verbose, flash_sdp, math_sdp.
 
     Every name and value is validated before anything changes, so a bad
@@ -320,6 +352,7 @@ __all__ = [
     "is_built",
     "math_sdp_enabled",
     "matmul",
+    "packed_weights_info",
     "preferred_blas_library",
     "set_flags",
     "verbose",

@@ -1,7 +1,9 @@
 // mm, addmm, bmm, baddbmm on ember (and matmul/linear, which decompose into
-// them). By default exactly CPU's kernel (unboxed delegation); when a
-// torch.backends.ember switch applies (fp32 precision, BLAS library,
-// benchmark, determinism) the GemmEngine runs instead.
+// them). By default a Linear-shaped fp32 GEMM takes ember's packed-weight
+// route (matmul/FastGemm.h) and other GEMMs the GemmEngine (oneDNN); under
+// torch.backends.ember.cpu_parity exactly CPU's kernel (unboxed delegation)
+// unless another switch (fp32 precision, BLAS library, benchmark,
+// determinism) asks for the GemmEngine.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/Resize.h>
@@ -13,6 +15,7 @@
 
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/matmul/FastGemm.h"
 #include "ops/kernels/matmul/GemmEngine.h"
 
 namespace ember::kernels {
@@ -81,6 +84,7 @@ at::Tensor& delegate_out(const c10::OperatorHandle& op, at::Tensor& out,
 }  // namespace
 
 at::Tensor mm(T a, T b) {
+  if (auto fast = matmul::fast_linear({}, a, b, 0, 1)) return *std::move(fast);
   if (!matmul::engine_applies(a)) {
     return unboxed::functional<ops::mm, T, T>(a, b);
   }
@@ -90,6 +94,9 @@ at::Tensor mm(T a, T b) {
 }
 
 at::Tensor addmm(T self, T a, T b, S beta, S alpha) {
+  if (auto fast = matmul::fast_linear(self, a, b, beta, alpha)) {
+    return *std::move(fast);
+  }
   if (!matmul::engine_applies(a)) {
     return unboxed::functional<ops::addmm, T, T, T, S, S>(self, a, b, beta,
                                                           alpha);

@@ -8,14 +8,11 @@
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/linspace.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <chrono>
-#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -287,42 +284,8 @@ std::string signature(const at::Tensor& a, const at::Tensor& b,
   return s.str();
 }
 
-// "high" maps to bf16x3 only where it beats ieee here: measured once on a
-// mid-size GEMM, the first time the setting is consulted.
-void probe_bf16x3_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    // Deterministic operands: drawing random ones would move the user's RNG.
-    const at::Tensor a = at::linspace(-1.0, 1.0, 512 * 512).view({512, 512});
-    const at::Tensor b = a.t().contiguous();
-    at::Tensor out = at::empty({512, 512});
-    const at::Tensor none;
-    auto best_us = [&](auto&& run) {
-      double best = 1e300;
-      for (int rep = 0; rep < 4; ++rep) {
-        const auto start = std::chrono::steady_clock::now();
-        run();
-        best = std::min(best, std::chrono::duration<double, std::micro>(
-                                  std::chrono::steady_clock::now() - start)
-                                  .count());
-      }
-      return best;
-    };
-    const double ieee = best_us([&] { at::mm_out(out, a, b); });
-    const double bf16x3 = best_us([&] {
-      onednn_gemm(out, a, b, none, 0, 1, Fp32Precision::kBf16x3, false);
-    });
-    flags::set_bf16x3_is_faster(bf16x3 < ieee);
-  });
-}
-
 Fp32Precision precision_for(const at::Tensor& a) {
   if (a.scalar_type() != at::kFloat) return Fp32Precision::kIeee;
-  if (!flags::matmul_fp32_precision_is_set() &&
-      at::globalContext().float32MatmulPrecision() ==
-          at::Float32MatmulPrecision::HIGH) {
-    probe_bf16x3_once();
-  }
   return flags::matmul_fp32_precision();
 }
 
@@ -333,6 +296,9 @@ bool engine_applies(const at::Tensor& a) {
   if (!onednn_supports(a)) return false;
   if (flags::benchmark()) return true;
   if (a.scalar_type() != at::kFloat) return false;
+  // Outside CPU parity, fp32 GEMMs default to oneDNN (2x MKL's fp32 GEMM on
+  // the AMD CPUs measured; see BENCHMARKS.md).
+  if (!flags::cpu_parity()) return true;
   return flags::blas_library() == flags::BlasLibrary::kOneDnn ||
          precision_for(a) != Fp32Precision::kIeee;
 }
@@ -373,9 +339,11 @@ void gemm(const char* op, const at::Tensor& out, const at::Tensor& a,
     }
     library = candidates[*cached];
   } else if (candidates.size() > 1) {
-    library = flags::blas_library() == flags::BlasLibrary::kOneDnn
-                  ? Library::kOneDnn
-                  : Library::kAten;
+    const flags::BlasLibrary blas = flags::blas_library();
+    const bool onednn =
+        blas == flags::BlasLibrary::kOneDnn ||
+        (blas == flags::BlasLibrary::kDefault && !flags::cpu_parity());
+    library = onednn ? Library::kOneDnn : Library::kAten;
   }
   if (flags::verbose_level() > 0) {
     t_last_route = std::string(library_name(library)) + "/" +

@@ -1,0 +1,256 @@
+#include "ops/kernels/matmul/PackedWeights.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/Storage.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/CpuAllocationCapture.h"
+#include "core/EmberAllocator.h"
+
+namespace ember::matmul {
+namespace {
+
+// Enough for the weights of a model of a few hundred million fp32
+// parameters in both layouts; beyond it the least recently used go.
+constexpr int64_t kDefaultLimitBytes = int64_t{4} << 30;
+// The row count oneDNN's blocked layout is chosen for: measured as good as
+// an exact hint for every M from 17 to 1024 on transformer shapes.
+constexpr int64_t kOneDnnRowsHint = 128;
+
+// Which bytes, seen through which view, packed how.
+struct Key {
+  const c10::StorageImpl* storage;
+  int64_t offset, k, n, stride_k, stride_n;
+  PackKind kind;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& key) const {
+    size_t h = std::hash<const void*>()(key.storage);
+    for (int64_t v : {key.offset, key.k, key.n, key.stride_k, key.stride_n,
+                      static_cast<int64_t>(key.kind)}) {
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    }
+    return h;
+  }
+};
+
+struct Entry {
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  uint32_t version;
+  std::shared_ptr<const PackedWeight> packed;  // null: seen once, not packed
+  std::list<Key>::iterator lru;
+};
+
+class PackCache {
+ public:
+  std::shared_ptr<const PackedWeight> find_or_pack(const at::Tensor& b,
+                                                   PackKind kind) {
+    if (b.is_inference() || limit_ <= 0) return nullptr;
+    const c10::StorageImpl* impl = b.storage().unsafeGetStorageImpl();
+    const Key key{impl,        b.storage_offset(), b.size(0), b.size(1),
+                  b.stride(0), b.stride(1),        kind};
+    const uint32_t version =
+        b.unsafeGetTensorImpl()->version_counter().current_version();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.storage.expired()) {
+      // A released storage whose address came back: not the same weight.
+      erase(it, /*invalidated=*/true);
+      it = entries_.end();
+    }
+    if (it == entries_.end()) {
+      sweep_released();
+      lru_.push_front(key);
+      entries_.emplace(key, Entry{b.storage().getWeakStorageImpl(), version,
+                                  nullptr, lru_.begin()});
+      return nullptr;
+    }
+    Entry& entry = it->second;
+    lru_.splice(lru_.begin(), lru_, entry.lru);
+    if (entry.version != version) {
+      // Written since: the old pack (if any) is stale; pack on the next
+      // call that sees these contents again.
+      if (entry.packed) {
+        bytes_ -= static_cast<int64_t>(entry.packed->bytes);
+        ++invalidations_;
+      }
+      entry.packed.reset();
+      entry.version = version;
+      return nullptr;
+    }
+    if (entry.packed) {
+      ++hits_;
+      return entry.packed;
+    }
+    std::shared_ptr<PackedWeight> packed = pack(b, kind);
+    if (!packed) return nullptr;
+    bytes_ += static_cast<int64_t>(packed->bytes);
+    ++packs_;
+    entry.packed = packed;
+    evict_over_limit(key);
+    return packed;
+  }
+
+  PackCacheStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    sweep_released();
+    PackCacheStats s;
+    for (const auto& [key, entry] : entries_) s.entries += entry.packed ? 1 : 0;
+    s.bytes = bytes_;
+    s.limit = limit_;
+    s.hits = hits_;
+    s.packs = packs_;
+    s.invalidations = invalidations_;
+    s.evictions = evictions_;
+    return s;
+  }
+
+  int64_t bytes_on(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t bytes = 0;
+    for (const auto& [key, entry] : entries_) {
+      if (entry.packed && entry.packed->device == device) {
+        bytes += static_cast<int64_t>(entry.packed->bytes);
+      }
+    }
+    return bytes;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries_.clear();
+    lru_.clear();
+    bytes_ = 0;
+    hits_ = packs_ = invalidations_ = evictions_ = 0;
+  }
+
+  void set_limit(int64_t bytes) {
+    TORCH_CHECK_VALUE(bytes >= 0, "pack cache limit must be >= 0, got ",
+                      bytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+    evict_over_limit(std::nullopt);
+  }
+
+ private:
+  using Iterator = std::unordered_map<Key, Entry, KeyHash>::iterator;
+
+  void erase(Iterator it, bool invalidated) {
+    if (it->second.packed) {
+      bytes_ -= static_cast<int64_t>(it->second.packed->bytes);
+      ++(invalidated ? invalidations_ : evictions_);
+    }
+    lru_.erase(it->second.lru);
+    entries_.erase(it);
+  }
+
+  // Packs of weights that were released: their memory goes back now.
+  void sweep_released() {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      auto next = std::next(it);
+      if (it->second.storage.expired()) erase(it, /*invalidated=*/true);
+      it = next;
+    }
+  }
+
+  void evict_over_limit(std::optional<Key> keep) {
+    // Oldest first; the pack just made stays even when it alone exceeds
+    // the budget (it was checked against the limit before packing).
+    for (auto key = lru_.rbegin(); bytes_ > limit_ && key != lru_.rend();) {
+      auto it = entries_.find(*key);
+      ++key;
+      if ((keep && it->first == *keep) || !it->second.packed) continue;
+      bytes_ -= static_cast<int64_t>(it->second.packed->bytes);
+      it->second.packed.reset();
+      ++evictions_;
+    }
+  }
+
+  std::shared_ptr<PackedWeight> pack(const at::Tensor& b, PackKind kind) {
+    auto packed = std::make_shared<PackedWeight>();
+    packed->kind = kind;
+    packed->k = b.size(0);
+    packed->n = b.size(1);
+    packed->bytes = kind == PackKind::kPanelsF32
+                        ? PanelPackedF32::bytes(packed->k, packed->n)
+                    : kind == PackKind::kPanelsBf16
+                        ? PanelPackedBf16::bytes(packed->k, packed->n)
+                        : static_cast<size_t>(packed->k * packed->n) * 4;
+    if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
+    const c10::DeviceIndex device = b.device().index();
+    packed->device = device;
+    const float* data = b.const_data_ptr<float>();
+    try {
+      if (kind == PackKind::kOneDnn) {
+        // oneDNN takes the N x K (Linear) view of B; its blocked copy is
+        // allocated through the CPU allocator, so from this device's pool.
+        const at::Tensor weight = at::from_blob(
+            const_cast<float*>(data), {packed->n, packed->k},
+            {b.stride(1), b.stride(0)}, at::TensorOptions().dtype(at::kFloat));
+        static const auto reorder =
+            c10::Dispatcher::singleton()
+                .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")
+                .typed<at::Tensor(const at::Tensor&, std::optional<int64_t>)>();
+        CpuAllocationCapture capture(device);
+        packed->onednn = reorder.call(weight, kOneDnnRowsHint);
+      } else {
+        packed->panels = device_allocator()->allocate_on(
+            device, packed->bytes, c10::DeviceType::PrivateUse1);
+        if (kind == PackKind::kPanelsF32) {
+          pack_panels_f32(data, packed->k, packed->n, b.stride(0), b.stride(1),
+                          static_cast<float*>(packed->panels.get()));
+        } else {
+          pack_panels_bf16(data, packed->k, packed->n, b.stride(0),
+                           b.stride(1),
+                           static_cast<uint16_t*>(packed->panels.get()));
+        }
+      }
+    } catch (const c10::OutOfMemoryError&) {
+      return nullptr;  // no room for a pack: the unpacked route runs
+    }
+    return packed;
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<Key, Entry, KeyHash> entries_;
+  std::list<Key> lru_;  // most recently used first
+  int64_t bytes_ = 0;
+  int64_t limit_ = kDefaultLimitBytes;
+  int64_t hits_ = 0, packs_ = 0, invalidations_ = 0, evictions_ = 0;
+};
+
+PackCache& cache() {
+  static auto* instance = new PackCache();  // outlives every tensor
+  return *instance;
+}
+
+}  // namespace
+
+PanelPackedF32 PackedWeight::f32() const {
+  return {static_cast<const float*>(panels.get()), k, n};
+}
+
+PanelPackedBf16 PackedWeight::bf16() const {
+  return {static_cast<const uint16_t*>(panels.get()), k, n};
+}
+
+std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
+                                                  PackKind kind) {
+  return cache().find_or_pack(b, kind);
+}
+
+PackCacheStats pack_cache_stats() { return cache().stats(); }
+int64_t pack_cache_bytes_on(c10::DeviceIndex device) {
+  return cache().bytes_on(device);
+}
+void clear_pack_cache() { cache().clear(); }
+void set_pack_cache_limit(int64_t bytes) { cache().set_limit(bytes); }
+
+}  // namespace ember::matmul

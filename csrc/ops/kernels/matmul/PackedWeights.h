@@ -1,0 +1,66 @@
+// The prepacked-weight cache of ember's default GEMM route. A GEMM operand B
+// that comes back with unchanged contents (a Linear/Conv1D weight: the same
+// ember storage, same view, same version counter) is packed once into the
+// layout its kernel wants and reused on every later call:
+//
+//   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
+//   kOneDnn                   oneDNN's blocked weight for its packed matmul
+//
+// Packs live in ember device memory (they count in memory_stats and the
+// memory limit), the cache is bounded in bytes (least recently used packs
+// go first), a write to the weight (version counter) or its release
+// invalidates the pack, and torch.ember.empty_cache() drops them all.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ops/kernels/matmul/SkinnyGemm.h"
+
+namespace ember::matmul {
+
+enum class PackKind : uint8_t { kPanelsF32, kPanelsBf16, kOneDnn };
+
+// One packed copy of B (K x N).
+struct PackedWeight {
+  PackKind kind;
+  c10::DeviceIndex device = 0;
+  int64_t k = 0;
+  int64_t n = 0;
+  size_t bytes = 0;
+  c10::DataPtr panels;  // kPanels*: ember memory
+  at::Tensor onednn;    // kOneDnn: oneDNN's blocked N x K weight
+
+  PanelPackedF32 f32() const;
+  PanelPackedBf16 bf16() const;
+};
+
+// The pack of `b` (a 2-D fp32 ember tensor, K x N) for `kind`, or nullptr
+// when `b` is not worth packing yet: a B seen for the first time (or whose
+// contents changed since last time) is only remembered; the pack is made
+// when the same contents come back. Inference tensors (no version counter)
+// and packs that do not fit the budget are never packed.
+std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
+                                                  PackKind kind);
+
+struct PackCacheStats {
+  int64_t entries = 0;
+  int64_t bytes = 0;
+  int64_t limit = 0;
+  int64_t hits = 0;
+  int64_t packs = 0;
+  int64_t invalidations = 0;  // writes or releases of a packed weight
+  int64_t evictions = 0;      // dropped for the byte budget
+};
+// Counters run from the last clear_pack_cache() (torch.ember.empty_cache()).
+PackCacheStats pack_cache_stats();
+// Bytes of packs held in one device's memory (part of its allocated bytes).
+int64_t pack_cache_bytes_on(c10::DeviceIndex device);
+void clear_pack_cache();
+// Byte budget of the packs (0 disables packing).
+void set_pack_cache_limit(int64_t bytes);
+
+}  // namespace ember::matmul

@@ -1,0 +1,276 @@
+#include "ops/kernels/matmul/SkinnyGemm.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ember/runtime/cpu_features.h"
+
+namespace ember::matmul {
+namespace {
+
+constexpr int64_t kGroupPanels = 4;  // panels a micro-kernel call covers
+constexpr int64_t kMaxBlockRows = 6;  // rows per call: 6 x 4 accumulators
+
+int64_t panel_count(int64_t n) { return (n + kPanelWidth - 1) / kPanelWidth; }
+int64_t even(int64_t k) { return (k + 1) / 2 * 2; }
+
+uint16_t to_bf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return (bits >> 16) | 0x40;  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// A run of panels: pointers to the first panel, the distance between panels
+// (in elements of the packed type) and how many columns are real.
+template <class Element>
+struct PanelRun {
+  const Element* first;
+  int64_t panel_stride;
+  int64_t columns;
+};
+
+__mmask16 column_mask(int64_t columns) {
+  return columns >= 16 ? static_cast<__mmask16>(0xffff)
+                       : static_cast<__mmask16>((1u << columns) - 1u);
+}
+
+// The epilogue both precisions share: bias, then a masked store per row.
+template <int kRows, int kPanels>
+__attribute__((target("avx512f"))) inline void store_block(
+    __m512 (&acc)[kRows][kPanels], const float* bias, float* c, int64_t ldc,
+    int64_t columns) {
+#pragma GCC unroll 4
+  for (int j = 0; j < kPanels; ++j) {
+    const __mmask16 mask = column_mask(columns - j * 16);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + j * 16)
+                                     : _mm512_setzero_ps();
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask,
+                            _mm512_add_ps(acc[i][j], b));
+    }
+  }
+}
+
+template <int kRows, int kPanels>
+__attribute__((target("avx512f"))) void block_f32(const float* a, int64_t lda,
+                                                  int64_t k,
+                                                  PanelRun<float> run,
+                                                  const float* bias, float* c,
+                                                  int64_t ldc) {
+  __m512 acc[kRows][kPanels];
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m512 w[kPanels];
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) {
+      w[j] = _mm512_load_ps(run.first + j * run.panel_stride + kk * 16);
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 x = _mm512_set1_ps(a[i * lda + kk]);
+#pragma GCC unroll 4
+      for (int j = 0; j < kPanels; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(x, w[j], acc[i][j]);
+      }
+    }
+  }
+  store_block<kRows, kPanels>(acc, bias, c, ldc, run.columns);
+}
+
+// `a_pairs`: A rounded to bf16, rows of k/2 pairs (lo = even k).
+template <int kRows, int kPanels>
+__attribute__((target("avx512f,avx512bf16"))) void block_bf16(
+    const uint32_t* a_pairs, int64_t lda_pairs, int64_t k_pairs,
+    PanelRun<uint16_t> run, const float* bias, float* c, int64_t ldc) {
+  __m512 acc[kRows][kPanels];
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t kp = 0; kp < k_pairs; ++kp) {
+    __m512i w[kPanels];
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) {
+      w[j] = _mm512_load_si512(run.first + j * run.panel_stride + kp * 32);
+    }
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      const __m512i x = _mm512_set1_epi32(
+          static_cast<int>(a_pairs[i * lda_pairs + kp]));
+#pragma GCC unroll 4
+      for (int j = 0; j < kPanels; ++j) {
+        acc[i][j] = _mm512_dpbf16_ps(acc[i][j], reinterpret_cast<__m512bh>(x),
+                                     reinterpret_cast<__m512bh>(w[j]));
+      }
+    }
+  }
+  store_block<kRows, kPanels>(acc, bias, c, ldc, run.columns);
+}
+
+// Micro-kernels by (rows, panels), chosen at run time from a table.
+template <class Fn, template <int, int> class Make>
+struct KernelTable {
+  Fn table[kMaxBlockRows][kGroupPanels];
+  KernelTable() { fill<1>(); }
+  template <int R>
+  void fill() {
+    table[R - 1][0] = Make<R, 1>::fn;
+    table[R - 1][1] = Make<R, 2>::fn;
+    table[R - 1][2] = Make<R, 3>::fn;
+    table[R - 1][3] = Make<R, 4>::fn;
+    if constexpr (R < kMaxBlockRows) fill<R + 1>();
+  }
+};
+
+using F32Block = void (*)(const float*, int64_t, int64_t, PanelRun<float>,
+                          const float*, float*, int64_t);
+using Bf16Block = void (*)(const uint32_t*, int64_t, int64_t,
+                           PanelRun<uint16_t>, const float*, float*, int64_t);
+template <int R, int P>
+struct MakeF32 {
+  static constexpr F32Block fn = &block_f32<R, P>;
+};
+template <int R, int P>
+struct MakeBf16 {
+  static constexpr Bf16Block fn = &block_bf16<R, P>;
+};
+
+// Splits the panel groups over threads; small problems stay on one thread
+// (a parallel region costs more than streaming a few hundred KB).
+template <class Body>
+void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
+  const int64_t groups = (panel_count(n) + kGroupPanels - 1) / kGroupPanels;
+  constexpr int64_t kBytesPerTask = 256 * 1024;
+  const int64_t grain =
+      std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) body(g);
+  });
+}
+
+}  // namespace
+
+size_t PanelPackedF32::bytes(int64_t k, int64_t n) {
+  return static_cast<size_t>(panel_count(n) * k * kPanelWidth) * sizeof(float);
+}
+
+size_t PanelPackedBf16::bytes(int64_t k, int64_t n) {
+  return static_cast<size_t>(panel_count(n) * even(k) * kPanelWidth) *
+         sizeof(uint16_t);
+}
+
+void pack_panels_f32(const float* b, int64_t k, int64_t n, int64_t stride_k,
+                     int64_t stride_n, float* dst) {
+  at::parallel_for(0, panel_count(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      float* panel = dst + p * k * kPanelWidth;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        for (int64_t j = 0; j < kPanelWidth; ++j) {
+          const int64_t col = p * kPanelWidth + j;
+          panel[kk * kPanelWidth + j] =
+              col < n ? b[kk * stride_k + col * stride_n] : 0.0f;
+        }
+      }
+    }
+  });
+}
+
+void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
+                      int64_t stride_n, uint16_t* dst) {
+  const int64_t k2 = even(k);
+  at::parallel_for(0, panel_count(n), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      uint16_t* panel = dst + p * k2 * kPanelWidth;
+      for (int64_t kk = 0; kk < k2; ++kk) {
+        for (int64_t j = 0; j < kPanelWidth; ++j) {
+          const int64_t col = p * kPanelWidth + j;
+          const float value =
+              col < n && kk < k ? b[kk * stride_k + col * stride_n] : 0.0f;
+          // [pair][column][2]: row kk goes to slot kk % 2 of pair kk / 2.
+          panel[(kk / 2) * 2 * kPanelWidth + j * 2 + kk % 2] = to_bf16(value);
+        }
+      }
+    }
+  });
+}
+
+bool skinny_f32_supported() {
+  static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
+
+bool skinny_bf16_supported() {
+  static const bool supported =
+      runtime::cpu_features().avx512f && runtime::cpu_features().avx512_bf16;
+  return supported;
+}
+
+void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
+                     const PanelPackedF32& b, const float* bias, float* c,
+                     int64_t ldc) {
+  static const KernelTable<F32Block, MakeF32> kernels;
+  const int64_t panels = panel_count(b.n);
+  const int64_t panel_stride = b.k * kPanelWidth;
+  for_panel_groups(b.n, b.k * kGroupPanels * kPanelWidth * 4, [&](int64_t g) {
+    const int64_t p0 = g * kGroupPanels;
+    const int64_t np = std::min(kGroupPanels, panels - p0);
+    const int64_t col0 = p0 * kPanelWidth;
+    const PanelRun<float> run{b.data + p0 * panel_stride, panel_stride,
+                              std::min(b.n - col0, np * kPanelWidth)};
+    for (int64_t r = 0; r < m; r += kMaxBlockRows) {
+      const int64_t rows = std::min(kMaxBlockRows, m - r);
+      kernels.table[rows - 1][np - 1](a + r * lda, lda, b.k, run,
+                                      bias ? bias + col0 : nullptr,
+                                      c + r * ldc + col0, ldc);
+    }
+  });
+}
+
+void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
+                      const PanelPackedBf16& b, const float* bias, float* c,
+                      int64_t ldc) {
+  static const KernelTable<Bf16Block, MakeBf16> kernels;
+  const int64_t k_pairs = even(b.k) / 2;
+  // A in bf16 pairs, once per call (at most 16 rows).
+  std::vector<uint32_t> a_pairs(static_cast<size_t>(m * k_pairs));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kp = 0; kp < k_pairs; ++kp) {
+      const int64_t k0 = 2 * kp;
+      const uint32_t lo = to_bf16(a[i * lda + k0]);
+      const uint32_t hi = k0 + 1 < b.k ? to_bf16(a[i * lda + k0 + 1]) : 0u;
+      a_pairs[i * k_pairs + kp] = lo | (hi << 16);
+    }
+  }
+  const int64_t panels = panel_count(b.n);
+  const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
+  for_panel_groups(b.n, k_pairs * kGroupPanels * kPanelWidth * 4,
+                   [&](int64_t g) {
+                     const int64_t p0 = g * kGroupPanels;
+                     const int64_t np = std::min(kGroupPanels, panels - p0);
+                     const int64_t col0 = p0 * kPanelWidth;
+                     const PanelRun<uint16_t> run{
+                         b.data + p0 * panel_stride, panel_stride,
+                         std::min(b.n - col0, np * kPanelWidth)};
+                     for (int64_t r = 0; r < m; r += kMaxBlockRows) {
+                       const int64_t rows = std::min(kMaxBlockRows, m - r);
+                       kernels.table[rows - 1][np - 1](
+                           a_pairs.data() + r * k_pairs, k_pairs, k_pairs, run,
+                           bias ? bias + col0 : nullptr, c + r * ldc + col0,
+                           ldc);
+                     }
+                   });
+}
+
+}  // namespace ember::matmul

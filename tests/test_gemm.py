@@ -1,0 +1,245 @@
+"""ember's default GEMM route: packed weights, the skinny (decode) kernel,
+oneDNN's packed matmul, and the CPU-parity switch.
+
+Results are checked against float64 references with the classic GEMM error
+bound (|error| <= K * eps * (|A| @ |B|) elementwise), and against CPU's own
+fp32 error: ember must be as accurate as CPU on average. Speed is the
+benchmark's business (make bench), not these tests'.
+"""
+
+import gc
+
+import pytest
+import torch
+
+import torch_ember
+
+DEVICE = "ember"
+EPS32 = torch.finfo(torch.float32).eps
+BF16_EPS = 2.0**-8  # unit roundoff of bf16 (8 significant bits)
+
+be = torch.backends.ember
+
+
+def _check_fp32(out, a, b, bias=None):
+    """out (ember) against float64; CPU's fp32 result sets the scale."""
+    a64, b64 = a.double().cpu(), b.double().cpu()
+    ref = a64 @ b64
+    if bias is not None:
+        ref = ref + bias.double().cpu()
+    bound = a.shape[-1] * EPS32 * (a64.abs() @ b64.abs()) + 1e-30
+    if bias is not None:
+        bound = bound + EPS32 * bias.double().cpu().abs()
+    err = (out.cpu().double() - ref).abs()
+    assert (err <= bound).all(), f"max err/bound {(err / bound).max().item():.3g}"
+    cpu = (a.cpu() @ b.cpu()) + (bias.cpu() if bias is not None else 0)
+    cpu_err = (cpu.double() - ref).abs().mean().item()
+    assert err.mean().item() <= 4 * cpu_err + 1e-7
+
+
+def _packs():
+    return be.packed_weights_info()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_packs():
+    torch.ember.empty_cache()
+    yield
+    torch.ember.empty_cache()
+
+
+ROWS = [1, 2, 5, 16, 17, 64, 300]
+SHAPES = [(768, 2304), (33, 17), (256, 256), (1, 40), (130, 1)]
+
+
+@pytest.mark.parametrize("m", ROWS)
+@pytest.mark.parametrize("k,n", SHAPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_float64(m, k, n, bias):
+    torch.manual_seed(m * 1000 + k + n)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    x = torch.randn(m, k)
+    lin_e, x_e = lin.to(DEVICE), x.to(DEVICE)
+    w = lin.weight.detach()
+    first = lin_e(x_e)  # unpacked route (first sight of the weight)
+    second = lin_e(x_e)  # packed
+    third = lin_e(x_e)
+    for out in (first, second, third):
+        _check_fp32(out, x, w.t(), lin.bias.detach() if bias else None)
+    assert torch.equal(second.cpu(), third.cpu()), "not reproducible run to run"
+    assert _packs()["packs"] >= 1
+
+
+@pytest.mark.parametrize("m", [1, 4, 64])
+def test_conv1d_layout_and_strided_operands(m):
+    """GPT-2's Conv1D: addmm(bias, x, W) with W stored K x N; also a sliced
+    (non-contiguous) weight and a transposed input."""
+    torch.manual_seed(m)
+    k, n = 96, 80
+    w = torch.randn(k, n)
+    bias = torch.randn(n)
+    x = torch.randn(m, k)
+    we, be_, xe = w.to(DEVICE), bias.to(DEVICE), x.to(DEVICE)
+    for _ in range(2):
+        _check_fp32(torch.addmm(be_, xe, we), x, w, bias)
+    sliced = we[:, ::2]
+    for _ in range(2):
+        _check_fp32(torch.mm(xe, sliced), x, w[:, ::2])
+    xt = x.t().contiguous().t()  # column-major input
+    for _ in range(2):
+        _check_fp32(torch.addmm(be_, xt.to(DEVICE), we), xt, w, bias)
+    # a broadcast [1, N] bias and non-unit beta/alpha take other routes
+    out = torch.addmm(be_.view(1, n), xe, we, beta=0.5, alpha=2.0)
+    ref = 0.5 * bias + 2.0 * (x @ w)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_routes_are_native_and_packed(capfd):
+    lin = torch.nn.Linear(64, 48).to(DEVICE)
+    x1, x64 = torch.randn(1, 64, device=DEVICE), torch.randn(64, 64, device=DEVICE)
+    for _ in range(2):
+        lin(x1), lin(x64)
+    with be.verbose(1):
+        lin(x1)
+        lin(x64)
+    err = capfd.readouterr().err
+    assert "skinny/f32-packed" in err
+    assert "onednn/packed" in err
+    info = _packs()
+    assert info["packs"] == 2 and info["hits"] >= 2 and info["entries"] == 2
+
+
+def test_weight_writes_invalidate_packs():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24).to(DEVICE)
+    x = torch.randn(3, 32, device=DEVICE)
+    for _ in range(3):
+        lin(x)
+    assert _packs()["entries"] == 1
+
+    def check():
+        w, b = lin.weight.detach().cpu(), lin.bias.detach().cpu()
+        for _ in range(3):  # unpacked, repacked, packed
+            _check_fp32(lin(x), x.cpu(), w.t(), b)
+
+    with torch.no_grad():
+        lin.weight.mul_(-2.0)  # in-place write: version counter
+    check()
+    state = {"weight": torch.randn(24, 32), "bias": torch.randn(24)}
+    lin.load_state_dict(state)
+    check()
+    lin.weight.data = torch.randn(24, 32, device=DEVICE)  # a new storage
+    check()
+    assert _packs()["invalidations"] >= 2
+
+
+def test_empty_cache_and_release_free_packs():
+    lin = torch.nn.Linear(512, 512).to(DEVICE)
+    x = torch.randn(2, 512, device=DEVICE)
+    before = torch.ember.memory_allocated()
+    lin(x), lin(x)
+    pack_bytes = torch.ember.memory_stats()["packed_weight_bytes"]
+    assert pack_bytes >= 512 * 512 * 4
+    assert torch.ember.memory_allocated() - before >= pack_bytes
+    torch.ember.empty_cache()
+    assert _packs()["entries"] == 0 and _packs()["bytes"] == 0
+    assert torch.ember.memory_stats()["packed_weight_bytes"] == 0
+    # a released weight's pack goes back at the next miss
+    lin(x), lin(x)
+    assert _packs()["bytes"] > 0
+    del lin
+    gc.collect()
+    other = torch.nn.Linear(8, 8).to(DEVICE)
+    other(torch.randn(1, 8, device=DEVICE))
+    assert _packs()["bytes"] == 0
+
+
+def test_packed_weights_limit_bounds_the_cache():
+    layers = [torch.nn.Linear(256, 256).to(DEVICE) for _ in range(4)]
+    x = torch.randn(1, 256, device=DEVICE)
+    one_pack = 256 * 256 * 4
+    with be.flags(packed_weights_limit=2 * one_pack):
+        for _ in range(3):
+            for lin in layers:
+                out = lin(x)
+        info = _packs()
+        assert info["bytes"] <= 2 * one_pack
+        assert info["evictions"] >= 1
+        _check_fp32(out, x.cpu(), layers[-1].weight.detach().cpu().t(), layers[-1].bias.cpu())
+    with be.flags(packed_weights_limit=0):  # packing off: still correct
+        torch.ember.empty_cache()
+        for _ in range(2):
+            out = layers[0](x)
+        assert _packs()["packs"] == 0
+    with pytest.raises(ValueError):
+        be.packed_weights_limit = -1
+
+
+def test_inference_tensors_are_not_packed():
+    with torch.inference_mode():
+        lin = torch.nn.Linear(16, 16).to(DEVICE)
+        x = torch.randn(1, 16, device=DEVICE)
+        for _ in range(3):
+            out = lin(x)
+    assert _packs()["packs"] == 0
+    _check_fp32(out, x.cpu(), lin.weight.cpu().t(), lin.bias.cpu())
+
+
+def test_cpu_parity_is_bitwise_and_default_is_not_copying():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(300, 200)
+    x = torch.randn(5, 300)
+    ref = lin(x)
+    lin_e, x_e = lin.to(DEVICE), x.to(DEVICE)
+    with be.flags(cpu_parity=True):
+        for _ in range(3):
+            assert torch.equal(lin_e(x_e).cpu(), ref)
+        assert be.cpu_parity is True
+    assert be.cpu_parity is False
+    torch_ember.reset_fallback_stats()
+    for _ in range(3):
+        lin_e(x_e)
+    assert torch_ember.fallback_stats() == {}
+
+
+def test_cpu_parity_from_environment(run_python):
+    code = "import torch, torch_ember; print(torch.backends.ember.cpu_parity)"
+    assert run_python(code, env={"EMBER_CPU_PARITY": "1"}).stdout.strip() == "True"
+    assert run_python(code, env={"EMBER_CPU_PARITY": None}).stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_medium_precision_streams_bf16_panels(m, capfd):
+    """Under "medium", skinny GEMMs use bf16 panels: the result is the exact
+    product of bf16-rounded operands, summed in fp32."""
+    if "avx512_bf16" not in be.capabilities() or not be.capabilities()["avx512_bf16"]:
+        pytest.skip("no AVX512_BF16 on this CPU")
+    torch.manual_seed(m)
+    k, n = 200, 70
+    lin = torch.nn.Linear(k, n).to(DEVICE)
+    x = torch.randn(m, k, device=DEVICE)
+    torch.set_float32_matmul_precision("medium")
+    with be.verbose(1):
+        for _ in range(2):
+            out = lin(x)
+    assert "skinny/bf16-packed" in capfd.readouterr().err
+    xr = x.cpu().bfloat16().double()
+    wr = lin.weight.detach().cpu().bfloat16().double()
+    ref = xr @ wr.t() + lin.bias.detach().cpu().double()
+    bound = k * EPS32 * (xr.abs() @ wr.abs().t()) + 1e-6
+    assert ((out.cpu().double() - ref).abs() <= bound).all()
+    # and it is not fp32 (the bf16 rounding shows against the fp32 product)
+    fp32 = x.cpu() @ lin.weight.detach().cpu().t() + lin.bias.detach().cpu()
+    assert not torch.allclose(out.cpu(), fp32, rtol=1e-6, atol=1e-6)
+
+
+def test_high_precision_choice_is_stable_across_processes(run_python):
+    code = (
+        "import torch, torch_ember\n"
+        "torch.set_float32_matmul_precision('high')\n"
+        "print(torch.backends.ember.matmul.effective_fp32_precision)\n"
+    )
+    answers = {run_python(code).stdout.strip() for _ in range(3)}
+    assert len(answers) == 1
+    expected = "bf16x3" if be.capabilities().get("amx_bf16") else "ieee"
+    assert answers == {expected}
