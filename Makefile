@@ -61,23 +61,35 @@ bench: bench-deps
 
 # --------------------------------------------------------------------------
 # Conformance kit (issue 4): PyTorch's OpInfo and ModuleInfo databases run on
-# ember and on CPU, compared bitwise. Not part of CI: `make test` runs only
-# the fast subset (tests/test_conformance.py).
-#   make conformance        full sweep: forward, backward, modules (~14k tasks,
-#                           ~6-9 min on 2 cores); resumable (results of another
-#                           build or kit version run again), results in
-#                           build/conformance/, report in docs/conformance.md
+# ember and on CPU. Two sweeps, one after the other:
+#   parity   ember with torch.backends.ember.cpu_parity on (EMBER_CPU_PARITY=1),
+#            compared bitwise; results in build/conformance/parity/, report in
+#            docs/conformance.md
+#   default  ember's own kernels, values compared with OpInfo's per-dtype
+#            tolerances (structure exactly); results in build/conformance/default/,
+#            report in docs/conformance-default.md (also: which tasks pass only
+#            with tolerance, and where the two sweeps disagree)
+# Not part of CI: `make test` runs only the fast subset (tests/test_conformance.py).
+#   make conformance        both full sweeps: forward, backward, modules (~14k tasks
+#                           each, ~4-9 min each on 2 cores); resumable (results of
+#                           another build, kit version or mode run again)
+#   make conformance CONFORMANCE_MODES=default               one sweep only
 #   make conformance CONFORMANCE_ARGS="--fresh"              start over
 #   make conformance CONFORMANCE_ARGS="--rerun failed"       rerun the failures
 #   make conformance CONFORMANCE_ARGS="--kind forward --ops 'linalg.*'"
 # A filtered run writes a report of what it selected. Options:
-# `python -m torch_ember.conformance --help`.
+# `python -m torch_ember.conformance --help` (--mode picks the sweep there).
 .PHONY: conformance
 
 CONFORMANCE_ARGS ?=
+CONFORMANCE_MODES ?= parity default
 
 conformance: setup
-	$(PY) -m torch_ember.conformance --doc docs/conformance.md $(CONFORMANCE_ARGS)
+	@set -e; for mode in $(CONFORMANCE_MODES); do \
+	  case $$mode in parity) doc=docs/conformance.md;; *) doc=docs/conformance-$$mode.md;; esac; \
+	  echo "[conformance] $$mode sweep -> $$doc"; \
+	  $(PY) -m torch_ember.conformance --mode $$mode --doc $$doc $(CONFORMANCE_ARGS); \
+	done
 
 # torch.backends.ember switches: what each mode costs and buys (benchmarks/flags.py).
 .PHONY: bench-flags
@@ -93,3 +105,17 @@ bench-flags: setup
 
 bench-guards: setup
 	$(PY) benchmarks/guards.py
+
+# --------------------------------------------------------------------------
+# Per-op time breakdown: every suite workload on ember under torch.profiler,
+# default mode and cpu_parity mode side by side (benchmarks/op_breakdown.py).
+#   make bench-breakdown
+#   make bench-breakdown BREAKDOWN_ARGS="--workloads gpt2-decode --runs 10"
+# Writes docs/bench/op_breakdown.md and docs/bench/op_breakdown.json.
+.PHONY: bench-breakdown
+
+BREAKDOWN_ARGS ?=
+
+bench-breakdown: setup
+	BENCH_COMMAND="make bench-breakdown$(if $(BREAKDOWN_ARGS), BREAKDOWN_ARGS=\"$(BREAKDOWN_ARGS)\",)" \
+	  $(PY) benchmarks/op_breakdown.py $(BREAKDOWN_ARGS)

@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     machine_peak = None
     if not args.no_peak:
-        progress("physical limit: clock, FMA loop, GEMM sweep")
-        machine_peak = peak.measure(quick=args.quick or args.tiny)
+        progress("physical limit: clock, FMA loop, memory bandwidth, GEMM sweep")
+        machine_peak = peak.measure(quick=args.quick or args.tiny, threads=s.threads)
         progress("physical limit measured", 1)
     results = harness.run_suite(names, system_names, s, progress=progress)
     progress.close()
@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             dtype = torch.bfloat16 if r.dtype == "bfloat16" else torch.float32
             harness.apply_peak(r, machine_peak.theoretical(dtype, cores))
+    bandwidth = machine_peak.read_bandwidth(s.threads) if machine_peak is not None else None
+    for r in results:
+        harness.apply_bandwidth(r, bandwidth[1] if bandwidth else None)
 
     command = os.environ.get("BENCH_COMMAND") or shlex.join(["python", *sys.argv])
     meta = {

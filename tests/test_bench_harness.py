@@ -3,8 +3,10 @@
 Runs each workload once on the systems that are cheap to prepare (CPU eager,
 ember eager) plus a deliberately wrong system, checks the result structure,
 the report (Markdown, JSON, plots) and that the correctness check flags the
-wrong system and leaves it unranked. ONNX Runtime and OpenVINO run on two
-cheap workloads when installed (requirements-bench.txt), else skip.
+wrong system and leaves it unranked. ember-parity (cpu_parity mode) must match
+CPU bitwise where the build has the switch. ONNX Runtime, OpenVINO and zentorch
+run on two cheap workloads when installed (requirements-bench.txt), else skip.
+The op breakdown (benchmarks/op_breakdown.py) runs on one toy workload.
 Inductor and the full set of exporters on every workload take minutes: they
 run only with EMBER_BENCH_SLOW=1. No timing assertions.
 """
@@ -62,9 +64,20 @@ def _run(names, systems):
     return harness.run_suite(names, systems, _settings(), extra_systems={WRONG.name: WRONG})
 
 
+FIXTURE_SYSTEMS = ["ember-eager", "ember-parity", WRONG.name]
+
+
+def _has_cpu_parity() -> bool:
+    return hasattr(torch, "ember") and hasattr(torch.backends.ember, "cpu_parity")
+
+
+# the process's setting (EMBER_CPU_PARITY may set it): systems must leave it as it was
+PARITY_AT_START = torch.backends.ember.cpu_parity if _has_cpu_parity() else None
+
+
 @pytest.fixture(scope="module")
 def results():
-    return _run(list(workloads.WORKLOADS), ["ember-eager", WRONG.name])
+    return _run(list(workloads.WORKLOADS), FIXTURE_SYSTEMS)
 
 
 def _check_structure(r: harness.WorkloadResult, systems: list[str]) -> None:
@@ -91,11 +104,23 @@ def _check_structure(r: harness.WorkloadResult, systems: list[str]) -> None:
 def test_every_workload_runs_on_cpu_and_ember(results):
     assert [r.name for r in results] == list(workloads.WORKLOADS)
     for r in results:
-        _check_structure(r, ["ember-eager", WRONG.name])
+        _check_structure(r, FIXTURE_SYSTEMS)
         ember = r.get("ember-eager")
         assert ember.status == "ok", (r.name, ember.reason)
         assert ember.rel_err <= r.rtol
         assert ember.ember_max_allocated is not None and ember.ember_max_allocated > 0
+
+
+def test_ember_parity_matches_cpu_bitwise(results):
+    for r in results:
+        parity = r.get("ember-parity")
+        if not _has_cpu_parity():
+            assert parity.status == "skip" and "cpu_parity" in parity.reason
+            continue
+        assert parity.status == "ok", (r.name, parity.reason)
+        assert parity.max_abs_diff == 0.0, (r.name, parity.max_abs_diff)
+    if _has_cpu_parity():  # set only around its own runs
+        assert torch.backends.ember.cpu_parity == PARITY_AT_START
 
 
 def test_wrong_system_is_flagged_and_not_ranked(results):
@@ -172,6 +197,49 @@ def test_report_markdown_json_and_plots(results, tmp_path):
         assert key in first
 
 
+def _fake_peak():
+    from suite import peak
+
+    return peak.Peak(
+        cpu_model="cpu",
+        cores=2,
+        flags={"avx2": True},
+        clock_ghz=3.0,
+        clock_method="test",
+        fp32_lanes=16,
+        fp32_flops_per_cycle=64.0,
+        fp32_measured_flops_per_cycle=None,
+        bf16_flops_per_cycle=128.0,
+        bf16_measured_flops_per_cycle=None,
+        bf16_method="test",
+        mem_read_bw={1: 30e9, 2: 40e9},
+        mem_buffer_bytes=128 * 2**20,
+        mem_method="sum of a 128 MiB buffer",
+    )
+
+
+def test_report_memory_bandwidth_and_decode_streaming(results):
+    p = _fake_peak()
+    assert p.read_bandwidth(2) == (2, 40e9) and p.read_bandwidth(1) == (1, 30e9)
+    assert p.read_bandwidth(8) == (2, 40e9)  # capped at the cores
+    decode = next(r for r in results if r.name == "gpt2-decode")
+    assert harness.streams_weights(decode) and decode.param_bytes > 0
+    assert not harness.streams_weights(next(r for r in results if r.name == "mlp-b1"))
+    for r in results:
+        harness.apply_bandwidth(r, p.read_bandwidth(2)[1])
+    ref = decode.get(harness.REFERENCE)
+    assert ref.weights_bytes_per_s == pytest.approx(decode.param_bytes / ref.median_s)
+    assert ref.frac_mem_bw == pytest.approx(ref.weights_bytes_per_s / 40e9)
+    assert all(s.weights_bytes_per_s is None for r in results if r is not decode for s in r.systems)
+    section = report.peak_section(p, 2, results)
+    assert "memory read bandwidth, 2 thread(s)" in section and "40.0 GB/s" in section
+    assert "ridge point" in section
+    assert "### decode: weights streamed per second" in section
+    assert "| gpt2-decode | cpu-eager |" in section
+    assert "weights streamed (of mem read BW)" in report.workload_section(decode, p, 2)
+    assert "weights streamed" not in report.workload_section(results[0], p, 2)
+
+
 def test_cli_writes_report(tmp_path):
     import run_suite
 
@@ -206,16 +274,92 @@ def test_peak_fields():
     assert p.bf16_flops_per_cycle >= p.fp32_flops_per_cycle
     assert p.theoretical(torch.bfloat16) >= p.theoretical(torch.float32) > 0
     assert set(p.gemm_best) == {"fp32", "bf16"}
+    if p.mem_read_bw:  # measured where a C compiler is present
+        assert set(p.mem_read_bw) >= {1, p.cores}
+        assert all(v > 1e8 for v in p.mem_read_bw.values())  # > 0.1 GB/s
+        assert p.mem_buffer_bytes >= 128 * 2**20 and "buffer" in p.mem_method
 
 
-@pytest.mark.parametrize("system", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("system", ["onnxruntime", "openvino", "zentorch"])
 def test_exporter_systems_on_cheap_workloads(system):
-    module = {"onnxruntime": "onnxruntime", "openvino": "openvino"}[system]
+    module = {"onnxruntime": "onnxruntime", "openvino": "openvino", "zentorch": "zentorch"}[system]
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"{module} not installed (make bench-deps)")
+    if system == "zentorch":
+        _zentorch_or_skip()
     for r in _run(["mlp-b1", "gemm-fp32"], [system]):
         _check_structure(r, [system])
         assert r.get(system).status == "ok", r.get(system).reason
+
+
+def _zentorch_or_skip() -> None:
+    if importlib.util.find_spec("zentorch") is None:
+        pytest.skip("zentorch not installed (make bench-deps)")
+    from suite.systems import zentorch_unusable
+
+    if zentorch_unusable():
+        pytest.skip(zentorch_unusable())
+
+
+def test_zentorch_leaves_the_shared_inputs_alone():
+    # zentorch reorders a GEMM's right operand in place on its first run (seen on the
+    # bf16 GEMM); the system must run on copies, or every system after it is wrong.
+    _zentorch_or_skip()
+    w = workloads.build("gemm-bf16", tiny=True)
+    saved = [x.clone() for x in w.inputs]
+    prepared = SYSTEMS["zentorch"].fn(w, torch.get_num_threads())
+    try:
+        prepared.run()
+    finally:
+        prepared.close()
+    assert all(torch.equal(a, b) for a, b in zip(saved, w.inputs))
+
+
+def test_zentorch_skips_with_reason_when_missing(monkeypatch):
+    from suite import systems
+
+    monkeypatch.setattr(systems, "zentorch_unusable", lambda: "zentorch not installed (test)")
+    r = _run(["mlp-b1"], ["zentorch"])[0]
+    _check_structure(r, ["zentorch"])
+    assert r.get("zentorch").status == "skip"
+    assert "zentorch not installed" in r.get("zentorch").reason
+
+
+def test_op_breakdown_tiny(tmp_path):
+    if not hasattr(torch, "ember"):
+        pytest.skip("torch_ember is not loaded")
+    import op_breakdown
+
+    threads = torch.get_num_threads()
+    out = tmp_path / "op_breakdown.md"
+    rc = op_breakdown.main(
+        ["--tiny", "--workloads", "mlp-b1", "--warmup", "1", "--runs", "1", "--out", str(out)]
+    )
+    assert rc == 0 and torch.get_num_threads() == threads
+    md = out.read_text()
+    assert md.startswith(op_breakdown.HEADER) and "## mlp-b1:" in md
+    rows = [ln for ln in md.splitlines() if ln.startswith("| `aten::")]
+    assert rows, md
+    assert any("aten::addmm" in ln or "aten::linear" in ln for ln in rows)
+    doc = json.loads((tmp_path / "op_breakdown.json").read_text())
+    wl = doc["workloads"][0]
+    assert wl["name"] == "mlp-b1"
+    expected = ["default", "cpu_parity"] if _has_cpu_parity() else ["default"]
+    assert list(wl["modes"]) == expected
+    for mode in wl["modes"].values():
+        assert mode["ops"] and mode["ops_self_s_per_run"] > 0 and mode["wall_s_per_run"] > 0
+        assert sum(o["pct"] for o in mode["ops"]) == pytest.approx(100.0)
+    if _has_cpu_parity():
+        assert torch.backends.ember.cpu_parity == PARITY_AT_START
+
+
+# Wrong results of other systems that the suite reports as such (third-party bugs).
+KNOWN_WRONG = {
+    # zentorch 2.13.0.2: Inductor hands zentorch_addmm the M=1 activation of a decode
+    # step with stride (0, 1); AOCL rejects lda=0 ("parameter number 9 had an illegal
+    # value") and the output is left uninitialized (NaN / garbage), tiny and full size.
+    ("gpt2-decode", "zentorch"),
+}
 
 
 @pytest.mark.skipif(not SLOW, reason="minutes of compiling/exporting: EMBER_BENCH_SLOW=1")
@@ -224,4 +368,7 @@ def test_every_workload_on_every_system_slow():
     for r in _run(list(workloads.WORKLOADS), names):
         _check_structure(r, names)
         for s in r.systems:
-            assert s.status in ("ok", "skip"), (r.name, s.system, s.reason)
+            allowed = (
+                ("ok", "skip", "WRONG") if (r.name, s.system) in KNOWN_WRONG else ("ok", "skip")
+            )
+            assert s.status in allowed, (r.name, s.system, s.reason)

@@ -2,11 +2,12 @@
 
 * ``workloads``: what is run (transformers models built from configs with random
   weights, an MLP, GEMMs), each as one module plus a driver;
-* ``systems``: who runs it (PyTorch eager, Inductor, ONNX Runtime, OpenVINO,
+* ``systems``: who runs it (PyTorch eager, Inductor, zentorch, ONNX Runtime, OpenVINO,
   ember), a registry where a system is one function;
 * ``harness``: preparation, correctness check against CPU eager, interleaved
   timing, memory;
-* ``peak``: the machine's physical limit (clock, FMA width, best GEMM);
+* ``peak``: the machine's physical limit (clock, FMA width, best GEMM, memory read
+  bandwidth);
 * ``report``: BENCHMARKS.md, JSON and plots.
 
 ``benchmarks/run_suite.py`` is the command line.

@@ -13,9 +13,19 @@ theoretical FLOP/s = cores x clock x FLOPs/cycle/core, where
   measured the same way; AMX-BF16 counts 1024 FLOPs/cycle/core (one TDPBF16PS,
   16x16x32 MACs, per 16 cycles); without either, bf16 peak = fp32 peak.
 
+Memory read bandwidth (STREAM-style, read only): a buffer of at least 4x the
+L3 cache (all L3 instances together; >= 128 MiB) is split into one slice per
+thread, each thread first-touches its own slice, then every repetition all
+threads sum their slices at once (64-bit integer adds, AVX-512 / AVX2 loads,
+4 accumulators) between two barriers; bandwidth = buffer bytes / time of the
+fastest repetition. Measured with one thread per physical core, with one
+thread, and with the suite's thread count. It bounds every workload that
+streams its weights from memory (GPT-2 decode: all weights once per token).
+
 The C source is compiled with the system compiler (``cc``) into a temporary
 directory and loaded with ctypes; without a compiler the clock falls back to
-/proc/cpuinfo and the pipe count to 2 (said so in the report).
+/proc/cpuinfo and the pipe count to 2, and memory bandwidth is not measured
+(said so in the report).
 """
 
 from __future__ import annotations
@@ -34,7 +44,10 @@ import torch
 
 _C_SOURCE = r"""
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void) {
@@ -105,6 +118,126 @@ __attribute__((target("avx512f,avx512bf16"))) double dpbf16(long n) {
   return t;
 }
 #endif
+
+/* ---- memory read bandwidth: every thread sums its slice, all at once ---- */
+
+__attribute__((target("avx512f"))) static uint64_t sum512(const uint64_t* p, long n) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  long i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void*)(p + i)));
+    a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void*)(p + i + 8)));
+    a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void*)(p + i + 16)));
+    a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void*)(p + i + 24)));
+  }
+  uint64_t s = _mm512_reduce_add_epi64(
+      _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+
+__attribute__((target("avx2"))) static uint64_t sum256(const uint64_t* p, long n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  long i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i*)(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i*)(p + i + 4)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i*)(p + i + 8)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i*)(p + i + 12)));
+  }
+  uint64_t out[4], s = 0;
+  _mm256_storeu_si256((__m256i*)out,
+                      _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  for (int k = 0; k < 4; k++) s += out[k];
+  for (; i < n; i++) s += p[i];
+  return s;
+}
+
+static uint64_t sum_scalar(const uint64_t* p, long n) {
+  uint64_t s0 = 0, s1 = 0;
+  long i = 0;
+  for (; i + 2 <= n; i += 2) {
+    s0 += p[i];
+    s1 += p[i + 1];
+  }
+  for (; i < n; i++) s0 += p[i];
+  return s0 + s1;
+}
+
+typedef struct {
+  uint64_t* p;
+  long n; /* 8-byte words */
+  uint64_t sum;
+} slice_t;
+
+static pthread_barrier_t bw_start, bw_end;
+static int bw_reps;
+static uint64_t (*bw_sum)(const uint64_t*, long);
+static volatile uint64_t bw_sink;
+
+static void* bw_worker(void* arg) {
+  slice_t* s = (slice_t*)arg;
+  for (long i = 0; i < s->n; i++) s->p[i] = (uint64_t)i; /* first touch: this thread */
+  pthread_barrier_wait(&bw_start);
+  for (int r = 0; r < bw_reps; r++) {
+    pthread_barrier_wait(&bw_start);
+    s->sum += bw_sum(s->p, s->n);
+    pthread_barrier_wait(&bw_end);
+  }
+  return NULL;
+}
+
+/* Best seconds for `threads` threads to read `bytes` once, over `reps` repetitions;
+   a negative value on failure. */
+double mem_read(long bytes, int threads, int reps) {
+  if (threads < 1 || reps < 1) return -1;
+  long per = (bytes / threads) & ~(long)4095; /* whole pages per thread */
+  if (per < 4096) return -1;
+  char* buf = NULL;
+  if (posix_memalign((void**)&buf, 4096, (size_t)per * threads) != 0) return -2;
+  slice_t* slices = calloc(threads, sizeof(slice_t));
+  pthread_t* tids = calloc(threads, sizeof(pthread_t));
+  if (!slices || !tids) return -2;
+  __builtin_cpu_init();
+  bw_sum = __builtin_cpu_supports("avx512f") ? sum512
+           : __builtin_cpu_supports("avx2") ? sum256 : sum_scalar;
+  bw_reps = reps;
+  pthread_barrier_init(&bw_start, NULL, threads + 1);
+  pthread_barrier_init(&bw_end, NULL, threads + 1);
+  int started = 0;
+  for (int t = 0; t < threads; t++) {
+    slices[t].p = (uint64_t*)(buf + (size_t)per * t);
+    slices[t].n = per / 8;
+    if (pthread_create(&tids[t], NULL, bw_worker, &slices[t]) != 0) break;
+    started++;
+  }
+  double best = -3;
+  if (started == threads) {
+    pthread_barrier_wait(&bw_start); /* slices touched */
+    best = 1e30;
+    for (int r = 0; r < reps; r++) {
+      double t0 = now();
+      pthread_barrier_wait(&bw_start);
+      pthread_barrier_wait(&bw_end);
+      double t = now() - t0;
+      if (t < best) best = t;
+    }
+    for (int t = 0; t < threads; t++) {
+      pthread_join(tids[t], NULL);
+      bw_sink += slices[t].sum;
+    }
+  }
+  /* on a failed pthread_create the started threads block forever: leak them, never
+     free memory they may still touch */
+  if (started == threads) {
+    pthread_barrier_destroy(&bw_start);
+    pthread_barrier_destroy(&bw_end);
+    free(buf);
+    free(slices);
+    free(tids);
+  }
+  return best;
+}
 """
 
 
@@ -123,6 +256,9 @@ class Peak:
     bf16_method: str
     fp32_fma_loop_all_cores: float | None = None  # FLOP/s, FMA loop on every core at once
     gemm_best: dict[str, dict] = field(default_factory=dict)  # dtype -> {n, flops_per_s}
+    mem_read_bw: dict[int, float] = field(default_factory=dict)  # threads -> bytes/s
+    mem_buffer_bytes: int | None = None
+    mem_method: str = ""
     notes: list[str] = field(default_factory=list)
 
     def theoretical(self, dtype: torch.dtype, cores: int | None = None) -> float:
@@ -131,6 +267,19 @@ class Peak:
             self.bf16_flops_per_cycle if dtype == torch.bfloat16 else self.fp32_flops_per_cycle
         )
         return (cores or self.cores) * self.clock_ghz * 1e9 * per_cycle
+
+    def read_bandwidth(self, threads: int | None = None) -> tuple[int, float] | None:
+        """(threads, bytes/s) of the read-bandwidth figure for ``threads`` threads
+        (capped at the physical cores; default: all cores): that thread count if it
+        was measured, else the all-cores figure."""
+        bw = {int(k): v for k, v in self.mem_read_bw.items()}  # JSON turns keys into str
+        if not bw:
+            return None
+        want = min(threads or self.cores, self.cores)
+        if want in bw:
+            return want, bw[want]
+        n = self.cores if self.cores in bw else max(bw)
+        return n, bw[n]
 
 
 def cpu_model() -> str:
@@ -174,6 +323,46 @@ def _cpuinfo_mhz() -> float | None:
     return None
 
 
+def l3_bytes() -> int | None:
+    """Total L3 cache of the machine (each L3 instance once), from sysfs."""
+    seen: dict[str, int] = {}
+    for d in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cache/index[0-9]*"):
+        try:
+            if (d / "level").read_text().strip() != "3":
+                continue
+            size = (d / "size").read_text().strip().upper()
+            shared = (d / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        try:
+            seen[shared] = int(size.rstrip("KMG")) * mult
+        except ValueError:
+            continue
+    if seen:
+        return sum(seen.values())
+    try:
+        return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or None
+    except (ValueError, OSError):
+        return None
+
+
+def mem_buffer_bytes() -> int:
+    """Read-bandwidth buffer: >= 4x the L3 cache and >= 128 MiB."""
+    return max(4 * (l3_bytes() or 32 * 2**20), 128 * 2**20)
+
+
+def measure_read_bandwidth(lib, threads: int, nbytes: int, reps: int) -> float | None:
+    """bytes/s of ``threads`` threads reading ``nbytes`` at once, best of ``reps``."""
+    if lib is None or not hasattr(lib, "mem_read"):
+        return None
+    best = lib.mem_read(nbytes, threads, reps)
+    if best <= 0:
+        return None
+    per = (nbytes // threads) & ~4095
+    return per * threads / best
+
+
 def _compile(bf16: bool) -> ctypes.CDLL | None:
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
@@ -181,7 +370,8 @@ def _compile(bf16: bool) -> ctypes.CDLL | None:
     tmp = Path(tempfile.mkdtemp(prefix="ember-peak-"))
     try:
         (tmp / "peak.c").write_text(_C_SOURCE)
-        cmd = [cc, "-O3", "-shared", "-fPIC", str(tmp / "peak.c"), "-o", str(tmp / "peak.so")]
+        cmd = [cc, "-O3", "-shared", "-fPIC", "-pthread", str(tmp / "peak.c"), "-o"]
+        cmd.append(str(tmp / "peak.so"))
         if bf16:
             cmd.insert(1, "-DHAVE_BF16")
         if subprocess.run(cmd, check=False, capture_output=True, timeout=120).returncode != 0:
@@ -191,6 +381,8 @@ def _compile(bf16: bool) -> ctypes.CDLL | None:
             if hasattr(lib, name):
                 getattr(lib, name).restype = ctypes.c_double
                 getattr(lib, name).argtypes = [ctypes.c_long]
+        lib.mem_read.restype = ctypes.c_double
+        lib.mem_read.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_int]
         return lib
     except (OSError, subprocess.SubprocessError):
         return None
@@ -220,7 +412,11 @@ def _all_cores(fn, n: int, work: float, cores: int) -> float:
     return sum(rates)
 
 
-def measure(quick: bool = False, gemm_sizes: list[int] | None = None) -> Peak:
+def measure(
+    quick: bool = False, gemm_sizes: list[int] | None = None, threads: int | None = None
+) -> Peak:
+    """The machine's limits; ``threads``: the suite's thread count (memory bandwidth is
+    also measured at that count)."""
     flags = cpu_flags()
     cores = physical_cores()
     avx512 = flags.get("avx512f", False)
@@ -276,6 +472,22 @@ def measure(quick: bool = False, gemm_sizes: list[int] | None = None) -> Peak:
         fp32_fma_loop_all_cores=all_cores,
         notes=notes,
     )
+    nbytes = mem_buffer_bytes()
+    reps = 5 if quick else 10
+    for t in sorted({1, cores, min(threads or cores, cores)}):
+        bw = measure_read_bandwidth(lib, t, nbytes, reps)
+        if bw is not None:
+            peak.mem_read_bw[t] = bw
+    if peak.mem_read_bw:
+        l3 = l3_bytes()
+        peak.mem_buffer_bytes = nbytes
+        peak.mem_method = (
+            f"sum of a {nbytes / 2**20:.0f} MiB buffer"
+            + (f" ({nbytes / l3:.0f}x the {l3 / 2**20:.0f} MiB L3)" if l3 else "")
+            + f", one slice per thread (first-touched by it), best of {reps}"
+        )
+    else:
+        notes.append("memory read bandwidth not measured (no C compiler or the kernel failed)")
     peak.gemm_best = gemm_sweep(gemm_sizes or ([1024, 2048] if quick else [1024, 2048, 4096]))
     return peak
 

@@ -9,7 +9,7 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-from .harness import REFERENCE, WorkloadResult
+from .harness import REFERENCE, WorkloadResult, streams_weights
 from .peak import Peak
 
 HEADER = (
@@ -47,6 +47,14 @@ def fmt_flops(f: float | None) -> str:
     if f is None:
         return "-"
     return f"{f / 1e9:.1f} GFLOP/s" if f < 1e12 else f"{f / 1e12:.2f} TFLOP/s"
+
+
+def fmt_bw(b: float | None) -> str:
+    return "-" if b is None else f"{b / 1e9:.1f} GB/s"
+
+
+def fmt_pct(f: float | None) -> str:
+    return "-" if f is None else f"{100 * f:.1f}%"
 
 
 def fmt_sci(x: float | None) -> str:
@@ -156,6 +164,18 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
             ),
         ]
     )
+    bw = peak.read_bandwidth(threads)
+    if bw is not None:
+        n, bps = bw
+        rows.append(
+            [f"memory read bandwidth, {n} thread(s) (STREAM-style read)", fmt_bw(bps), fmt_bw(bps)]
+        )
+        rows.append(
+            [
+                "ridge point: theoretical peak / read bandwidth",
+                *(f"{peak.theoretical(dt, cores) / bps:.0f} FLOP/byte" for dt in (f32, b16)),
+            ]
+        )
     lines = [
         table(["", "fp32", "bf16"], rows, right={1, 2}),
         "",
@@ -169,7 +189,74 @@ def peak_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str
         f"- percentages are of the theoretical peak of the cores used ({cores} = threads)",
     ]
     lines += [f"- {n}" for n in peak.notes]
+    mem = memory_section(peak, threads, results)
+    if mem:
+        lines += ["", mem]
     return "\n".join(lines)
+
+
+def memory_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> str:
+    """Memory read bandwidth, and the decode workloads' weight streaming against it."""
+    bw = {int(k): v for k, v in peak.mem_read_bw.items()}
+    if not bw:
+        return ""
+    used = peak.read_bandwidth(threads)
+    rows = [
+        [f"{t} thread{'s' if t > 1 else ''}" + (" (all cores)" if t == peak.cores else ""),
+         fmt_bw(v)]
+        for t, v in sorted(bw.items())
+    ]  # fmt: skip
+    out = [
+        "Memory read bandwidth (STREAM-style read kernel):",
+        "",
+        table(["threads", "read bandwidth"], rows),
+        "",
+        f"- {peak.mem_method}; GB = 10^9 bytes",
+    ]
+    decode = [r for r in results if streams_weights(r)]
+    drows = []
+    for r in decode:
+        for sres in r.systems:
+            if sres.weights_bytes_per_s is None:
+                continue
+            drows.append(
+                [
+                    r.name,
+                    sres.system,
+                    fmt_time(sres.median_s),
+                    fmt_bw(sres.weights_bytes_per_s),
+                    fmt_pct(sres.frac_mem_bw),
+                    _status(sres),
+                ]
+            )
+    if drows and used is not None:
+        mib = ", ".join(f"{r.name} {r.param_bytes / 2**20:.0f} MiB" for r in decode)
+        out += [
+            "",
+            "### decode: weights streamed per second",
+            "",
+            table(
+                [
+                    "workload",
+                    "system",
+                    "median /token",
+                    "weights streamed",
+                    f"of read bandwidth ({used[0]} thread{'s' if used[0] > 1 else ''})",
+                    "status",
+                ],
+                drows,
+                right={2, 3, 4},
+            ),
+            "",
+            (
+                f"- weights streamed = parameter bytes per token ({mib}; tied weights "
+                "once) / median time per token: every decode step reads every weight "
+                "once. KV cache and activation traffic are not counted, so this is a "
+                "lower bound on the bytes moved; 100% means the step runs at the "
+                f"measured read bandwidth of {fmt_bw(used[1])}."
+            ),
+        ]
+    return "\n".join(out)
 
 
 def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
@@ -186,6 +273,7 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
         + (f"; waited {r.waited_s:.0f} s for an idle machine first" if r.waited_s >= 1 else ""),
         "",
     ]
+    weights = any(s.weights_bytes_per_s is not None for s in r.systems)
     rows = []
     for s in r.systems:
         rows.append(
@@ -198,6 +286,11 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
                 fmt_ratio(s.ratio),
                 "-" if s.gflops is None else f"{s.gflops:.1f}",
                 "-" if s.frac_peak is None else f"{100 * s.frac_peak:.1f}%",
+                *(
+                    [f"{fmt_bw(s.weights_bytes_per_s)} ({fmt_pct(s.frac_mem_bw)})"]
+                    if weights
+                    else []
+                ),
                 fmt_sci(s.max_abs_diff),
                 _status(s),
                 "-" if s.prepare_s is None else f"{s.prepare_s:.1f} s",
@@ -216,6 +309,7 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
             "vs CPU eager",
             "GFLOP/s",
             "of peak",
+            *(["weights streamed (of mem read BW)"] if weights else []),
             "max abs diff",
             "status",
             "prepare",
@@ -252,7 +346,7 @@ METHOD = """\
   generated tokens; where a token differs only the steps up to it are
   compared (a near-tie of two logits is not an error).
 - **Threads:** {threads} for every system: `torch.set_num_threads({threads})` (eager,
-  Inductor, ember), ONNX Runtime `intra_op_num_threads={threads}` (inter-op 1),
+  Inductor, zentorch, ember), ONNX Runtime `intra_op_num_threads={threads}` (inter-op 1),
   OpenVINO `INFERENCE_NUM_THREADS={threads}`.
 - **Memory:** "peak RSS delta" is the process's peak resident set size over
   preparation, first run and warm-up (VmHWM, reset through
@@ -266,6 +360,10 @@ METHOD = """\
   eager run (matmul, convolution, attention; elementwise ops are not
   counted); "of peak" is GFLOP/s over the theoretical peak of the cores used
   for the workload's dtype.
+- **Memory bandwidth:** decode (batch 1) reads every weight once per token, so
+  its limit is memory bandwidth, not FLOP/s: "weights streamed" is parameter
+  bytes / median time per token, compared with the read bandwidth measured by
+  a STREAM-style read kernel (Physical limit) at the same thread count.
 - **Other load:** CPU time used by other processes while timing (from
   /proc/stat), in cores; with 2 cores, anything above ~0.1 makes the numbers
   noisy. `--wait-idle S` waits up to S seconds before each workload's timing

@@ -19,11 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import functools
 import importlib.metadata
+import importlib.util
 import io
 import itertools
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,6 +161,110 @@ def cpu_inductor(w: Workload, threads: int) -> Prepared:
         torch._inductor.config.freezing = previous
 
     return run_on(w, torch.compile(w.module), close=close)
+
+
+# --------------------------------------------------------------------------- zentorch
+
+# Compiles and runs a two-layer MLP with backend="zentorch" in a child process:
+# a CPU that zentorch's native library cannot run on may die of SIGILL, which
+# would take the whole suite with it if it happened in-process.
+_ZENTORCH_PROBE = r"""
+import torch, zentorch
+import torch._inductor.config
+torch._inductor.config.freezing = True
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+x = torch.randn(4, 32)
+with torch.inference_mode():
+    out = torch.compile(m, backend="zentorch")(x)
+    ref = m(x)
+print("ZENTORCH_PROBE_OK", float((out - ref).abs().max()))
+"""
+
+
+@functools.cache
+def zentorch_unusable() -> str | None:
+    """Why zentorch cannot run here (not installed, import fails, crashes on this CPU),
+    or None. Probed once per process, in a child process."""
+    if importlib.util.find_spec("zentorch") is None:
+        return "zentorch not installed (make bench-deps)"
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _ZENTORCH_PROBE],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return "zentorch probe (compile + run a 2-layer MLP) did not finish in 600 s"
+    if proc.returncode == 0 and "ZENTORCH_PROBE_OK" in proc.stdout:
+        return None
+    lines = [ln for ln in (proc.stderr or proc.stdout).strip().splitlines() if ln.strip()]
+    last = lines[-1][:240] if lines else ""
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else "failed"
+    return f"zentorch {how} on this CPU ({cpu_vendor()}) in a probe compile: {last}"
+
+
+def cpu_vendor() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown vendor"
+
+
+@register("zentorch", version=lambda: _dist_version("zentorch"))
+def zentorch_cpu(w: Workload, threads: int) -> Prepared:
+    """AMD zentorch (ZenDNN plugin for PyTorch): `import zentorch`, then
+    torch.compile(model, backend="zentorch") with torch._inductor.config.freezing=True
+    (zentorch's recommended TORCHINDUCTOR_FREEZING=1), called under
+    torch.inference_mode(), CPU tensors; dynamic shapes by dynamo's automatic dynamic
+    (as cpu-inductor). The Inductor settings zentorch's backend leaves behind
+    (joint_custom_post_pass = its graph passes) are restored after each of its
+    compiles, so the other compiled systems in the run do not inherit them. It runs on
+    its own copy of the weights and inputs (zentorch reorders GEMM weights in place)."""
+    reason = zentorch_unusable()
+    if reason is not None:
+        raise Skip(reason)
+    try:
+        import torch._dynamo
+        import torch._inductor.config
+
+        with warnings.catch_warnings():  # its TorchScript helpers: torch.jit deprecations
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import zentorch
+
+        zen_backend = torch._dynamo.lookup_backend("zentorch")
+    except Exception as e:  # noqa: BLE001 - e.g. torch minor version != zentorch's build
+        raise Skip(f"zentorch not usable: {type(e).__name__}: {str(e)[:200]}") from None
+
+    def backend(gm, example_inputs):
+        cfg = torch._inductor.config
+        saved = (cfg.freezing, cfg.joint_custom_post_pass)
+        cfg.freezing = True  # compile_fx reads it during this call
+        try:
+            return zen_backend(gm, example_inputs)
+        finally:
+            cfg.freezing, cfg.joint_custom_post_pass = saved
+
+    notes = [f"zentorch {getattr(zentorch, '__version__', '?')}"]
+    if cpu_vendor() != "AuthenticAMD":
+        notes.append(f"zentorch targets AMD EPYC; this CPU is {cpu_vendor()}")
+    # Its own copy of the weights and inputs: zentorch reorders GEMM weight operands in
+    # place on the first run (seen: GPT-2's Conv1D weights, the right operand of a bf16
+    # matmul even though it is a graph input), which would corrupt the shared module and
+    # inputs for every system after it.
+    own = dataclasses.replace(
+        w, module=copy.deepcopy(w.module), inputs=tuple(x.clone() for x in w.inputs)
+    )
+    return run_on(
+        own, torch.compile(own.module, backend=backend), notes=notes, close=torch._dynamo.reset
+    )
 
 
 # --------------------------------------------------------------------------- ONNX Runtime
@@ -315,8 +426,6 @@ def openvino_cpu(w: Workload, threads: int) -> Prepared:
 def torch_ember_version() -> str:
     version = _dist_version("torch_ember")
     try:
-        import subprocess
-
         here = Path(__file__).resolve().parent
         rev = subprocess.run(
             ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
@@ -357,6 +466,40 @@ def ember_tuned(w: Workload, threads: int) -> Prepared:
     return run_on(
         w, call, device="ember", sync=torch.ember.synchronize, close=torch.ember.empty_cache
     )
+
+
+@register("ember-parity", version=torch_ember_version)
+def ember_parity(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.cpu_parity = True: every op runs CPU's
+    own ATen kernel (bitwise equal to CPU) instead of ember's fastest kernels; set
+    only around this system's runs (flags(cpu_parity=True))."""
+    if not hasattr(torch, "ember"):
+        raise Skip("torch_ember is not loaded")
+    backends = torch.backends.ember
+    if not hasattr(backends, "cpu_parity"):
+        raise Skip("this torch_ember build has no torch.backends.ember.cpu_parity")
+    try:
+        with backends.flags(cpu_parity=True):
+            pass
+    except (TypeError, ValueError, KeyError) as e:
+        raise Skip(f"flags(cpu_parity=True) not accepted: {e}") from None
+    prepared = run_on(
+        w,
+        to_device_copy(w.module, "ember"),
+        device="ember",
+        sync=torch.ember.synchronize,
+        close=torch.ember.empty_cache,
+    )
+    inner = prepared.run
+
+    def run() -> tuple:
+        # Only around this system's own runs (the harness interleaves systems), and
+        # around the whole run: the decode driver's argmax runs in parity mode too.
+        with backends.flags(cpu_parity=True):
+            return inner()
+
+    prepared.run = run
+    return prepared
 
 
 def _ember_compile(w: Workload, backend: str, freezing: bool) -> Prepared:
