@@ -318,7 +318,7 @@ def test_common_ops_run_zero_copy():
     assert torch_ember.fallback_stats() == {}
     for result, expected in zip(results, _common_ops("cpu"), strict=True):
         assert result.device.type == "ember"
-        assert torch.equal(result.cpu(), expected)
+        torch.testing.assert_close(result.cpu(), expected)  # ember's GEMMs: within rounding
 
 
 def test_common_ops_pass_in_strict_mode():

@@ -6,11 +6,14 @@ A GPT-2 (4 layers, 256 wide, 5000-token vocabulary) is built from a config
 with random weights under a fixed seed (nothing is downloaded). The demo
 
 1. runs the same forward pass on CPU and on ember (``model.to("ember")``) and
-   shows that the outputs agree: max abs diff and whether they are bitwise
-   identical, for both attention implementations of transformers;
+   shows that the outputs agree: with ember's default (fast) kernels within
+   float32 rounding (max abs diff), and with
+   ``torch.backends.ember.cpu_parity`` bit for bit, for both attention
+   implementations of transformers;
 2. generates greedily on both devices and compares the token ids;
-3. times forward, generate and per-token decode on both devices (median of
-   interleaved runs after warm-up) and prints the ratio ember/CPU;
+3. times forward, generate and per-token decode on CPU, on ember and on
+   ember with cpu_parity (median of interleaved runs after warm-up) and
+   prints the ratios to CPU;
 4. reports ember's memory statistics and ``torch_ember.fallback_stats()``.
 """
 
@@ -32,6 +35,7 @@ import torch_ember
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # random weights: never reach the hub
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 DEVICE = "ember"
+PARITY = "ember (cpu_parity)"
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -132,28 +136,41 @@ def _forward_logits(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tenso
     return out.logits.cpu()
 
 
-def _agreement(args: argparse.Namespace, ids: torch.Tensor) -> dict[str, bool]:
-    """Bitwise equality of CPU and ember logits, per attention implementation."""
+def _agreement(args: argparse.Namespace, ids: torch.Tensor) -> dict[str, tuple[bool, bool]]:
+    """Per attention implementation: (default kernels within float32
+    rounding of CPU, cpu_parity bitwise identical to CPU)."""
     _section(f"forward: logits on CPU vs ember (batch 2, seq {args.seq_len}, 2nd padded)")
     ids = torch.cat([ids, ids.roll(7, dims=1)])
     mask = torch.ones_like(ids)
     mask[1, args.seq_len * 3 // 4 :] = 0
     rows = []
-    equal: dict[str, bool] = {}
+    agreement: dict[str, tuple[bool, bool]] = {}
     for attn in ("eager", "sdpa"):
         models = _pair(args, attn)
         cpu = _forward_logits(models["cpu"], ids, mask, "cpu")
-        ember = _forward_logits(models[DEVICE], ids, mask, DEVICE)
+        # twice: the second call runs on packed weights
+        ember = [_forward_logits(models[DEVICE], ids, mask, DEVICE) for _ in range(2)][-1]
+        with torch.backends.ember.flags(cpu_parity=True):
+            parity = _forward_logits(models[DEVICE], ids, mask, DEVICE)
         diff = (cpu - ember).abs().max().item()
-        equal[attn] = torch.equal(cpu, ember)
-        rows.append([f"attn_implementation={attn}", tuple(cpu.shape), f"{diff:.3g}", equal[attn]])
-    print(_table(["model", "logits shape", "max abs diff", "bitwise identical"], rows))
-    if equal["eager"] and not equal["sdpa"]:
-        print(
-            "note: sdpa differs in the last bits because scaled_dot_product_attention on ember "
-            "takes PyTorch's math path, not CPU's fused kernel (xfail in tests/test_models.py)"
+        close = torch.allclose(ember, cpu, rtol=1e-4, atol=1e-4)
+        agreement[attn] = (close, torch.equal(cpu, parity))
+        rows.append(
+            [f"attn_implementation={attn}", tuple(cpu.shape), f"{diff:.3g}", *agreement[attn]]
         )
-    return equal
+    print(
+        _table(
+            [
+                "model",
+                "logits shape",
+                "default: max abs diff",
+                "default: within fp32 rounding",
+                "cpu_parity: bitwise identical",
+            ],
+            rows,
+        )
+    )
+    return agreement
 
 
 def _generate(model, ids: torch.Tensor, device: str, new_tokens: int) -> torch.Tensor:
@@ -214,11 +231,20 @@ def _timings(args: argparse.Namespace, models, ids: torch.Tensor, prompt: torch.
     def generate(device, tokens):
         return lambda: _generate(models[device], prompt, device, tokens)
 
-    devices = list(models)
-    fwd = _median_ms({d: forward(d) for d in devices}, args.runs, args.warmup)
-    gen = _median_ms({d: generate(d, args.new_tokens) for d in devices}, args.runs, args.warmup)
-    gen1 = _median_ms({d: generate(d, 1) for d in devices}, args.runs, args.warmup)
-    decode = {d: (gen[d] - gen1[d]) / (args.new_tokens - 1) for d in devices}
+    def parity(run):
+        def wrapped():
+            with torch.backends.ember.flags(cpu_parity=True):
+                return run()
+
+        return wrapped
+
+    def systems(make):
+        return {"cpu": make("cpu"), DEVICE: make(DEVICE), PARITY: parity(make(DEVICE))}
+
+    fwd = _median_ms(systems(forward), args.runs, args.warmup)
+    gen = _median_ms(systems(lambda d: generate(d, args.new_tokens)), args.runs, args.warmup)
+    gen1 = _median_ms(systems(lambda d: generate(d, 1)), args.runs, args.warmup)
+    decode = {d: (gen[d] - gen1[d]) / (args.new_tokens - 1) for d in gen}
     return [
         (f"forward (batch 1, seq {args.seq_len})", fwd),
         (f"generate ({args.new_tokens} tokens, greedy)", gen),
@@ -266,10 +292,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows = []
     for label, ms in _timings(args, models, ids, prompt):
-        cpu, ember = ms["cpu"], ms[DEVICE]
-        ratio = f"{ember / cpu:.2f}x" if cpu > 0 else "n/a"
-        rows.append([label, f"{cpu:.2f}", f"{ember:.2f}", ratio])
-    print(_table(["measurement", "CPU ms", "ember ms", "ember/CPU"], rows))
+        cpu, ember, parity = ms["cpu"], ms[DEVICE], ms[PARITY]
+
+        def ratio(value, cpu=cpu):
+            return f"{value / cpu:.2f}x" if cpu > 0 else "n/a"
+
+        rows.append(
+            [label, f"{cpu:.2f}", f"{ember:.2f}", ratio(ember), f"{parity:.2f}", ratio(parity)]
+        )
+    print(
+        _table(["measurement", "CPU ms", "ember ms", "ember/CPU", "parity ms", "parity/CPU"], rows)
+    )
 
     _section("ember memory and fallbacks")
     print(f"parameters: {n_params / 1e6:.2f} M ({_mib(n_params * 4)} float32)")
@@ -289,11 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("torch_ember.fallback_stats(): {} (every op ran zero-copy)")
 
     _section("summary")
-    for attn, equal in forward_equal.items():
-        print(f"forward logits bitwise identical ({attn} attention): {equal}")
+    for attn, (close, bitwise) in forward_equal.items():
+        print(f"forward logits within fp32 rounding, default kernels ({attn} attention): {close}")
+        print(f"forward logits bitwise identical, cpu_parity ({attn} attention): {bitwise}")
     print(f"generated token ids identical: {generate_equal}")
     print(f"total time: {time.perf_counter() - started:.1f} s")
-    return 0 if generate_equal and forward_equal["eager"] else 1
+    ok = all(close for close, _ in forward_equal.values()) and forward_equal["eager"][1]
+    return 0 if generate_equal and ok else 1
 
 
 if __name__ == "__main__":
