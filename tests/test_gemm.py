@@ -243,3 +243,26 @@ def test_high_precision_choice_is_stable_across_processes(run_python):
     assert len(answers) == 1
     expected = "bf16x3" if be.capabilities().get("amx_bf16") else "ieee"
     assert answers == {expected}
+
+
+@pytest.mark.parametrize("m", [1, 7, 40])
+def test_out_variants_take_the_packed_route(m, capfd):
+    """mm.out / addmm.out (what Inductor's generated code calls)."""
+    torch.manual_seed(m)
+    k, n = 48, 36
+    w, bias, x = torch.randn(k, n), torch.randn(n), torch.randn(m, k)
+    we, biase, xe = w.to(DEVICE), bias.to(DEVICE), x.to(DEVICE)
+    out = torch.empty(m, n, device=DEVICE)
+    for _ in range(2):
+        torch.addmm(biase, xe, we, out=out)
+    with be.verbose(1):
+        result = torch.addmm(biase, xe, we, out=out)
+        torch.mm(xe, we, out=out)
+        torch.mm(xe, we, out=out)
+    assert result is out
+    assert "packed" in capfd.readouterr().err
+    _check_fp32(out, x, w)
+    # an out= that must be resized takes the general route
+    small = torch.empty(0, device=DEVICE)
+    torch.addmm(biase, xe, we, out=small)
+    _check_fp32(small, x, w, bias)

@@ -132,6 +132,7 @@ at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
 }
 
 at::Tensor& mm_out(T a, T b, at::Tensor& out) {
+  if (matmul::fast_linear_out(out, {}, a, b, 0, 1)) return out;
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::mm"), out, a, b);
   }
@@ -144,6 +145,7 @@ at::Tensor& mm_out(T a, T b, at::Tensor& out) {
 }
 
 at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
+  if (matmul::fast_linear_out(out, self, a, b, beta, alpha)) return out;
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::addmm"), out, self, a, b, beta,
                         alpha);

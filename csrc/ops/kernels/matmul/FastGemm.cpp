@@ -46,12 +46,16 @@ at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
   return stack.back().toTensor();
 }
 
-}  // namespace
+// The route a call takes, decided before anything runs.
+struct Plan {
+  std::optional<at::Tensor> bias;
+  std::shared_ptr<const PackedWeight> packed;
+  bool bf16 = false;
+};
 
-std::optional<at::Tensor> fast_linear(const at::Tensor& self,
-                                      const at::Tensor& a, const at::Tensor& b,
-                                      const at::Scalar& beta,
-                                      const at::Scalar& alpha) {
+std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
+                         const at::Tensor& b, const at::Scalar& beta,
+                         const at::Scalar& alpha) {
   if (flags::cpu_parity() || flags::deterministic() || flags::benchmark() ||
       flags::blas_library() != flags::BlasLibrary::kDefault) {
     return std::nullopt;
@@ -64,54 +68,95 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
       alpha.toDouble() != 1.0) {
     return std::nullopt;
   }
-  const int64_t m = a.size(0);
-  const int64_t n = b.size(1);
-  std::optional<at::Tensor> bias;
+  Plan plan;
   if (self.defined() && beta.toDouble() != 0.0) {
-    bias = row_bias(self, n, device);
-    if (!bias || beta.toDouble() != 1.0) return std::nullopt;
+    plan.bias = row_bias(self, b.size(1), device);
+    if (!plan.bias || beta.toDouble() != 1.0) return std::nullopt;
   }
   const Fp32Precision precision = flags::matmul_fp32_precision();
-  const bool skinny = m <= kSkinnyMaxRows;
-
-  if (skinny && (precision == Fp32Precision::kIeee
-                     ? skinny_f32_supported()
-                     : precision == Fp32Precision::kBf16 &&
-                           skinny_bf16_supported())) {
-    const bool bf16 = precision == Fp32Precision::kBf16;
-    auto packed = packed_weight(
-        b, bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
-    if (!packed) return std::nullopt;
-    at::Tensor out;
-    run_on_device(device.index(), [&] {
-      out = at::empty({m, n}, a.options());
-      const float* bias_data = bias ? bias->const_data_ptr<float>() : nullptr;
-      if (bf16) {
-        skinny_gemm_bf16(a.const_data_ptr<float>(), a.stride(0), m,
-                         packed->bf16(), bias_data, out.mutable_data_ptr<float>(),
-                         n);
-      } else {
-        skinny_gemm_f32(a.const_data_ptr<float>(), a.stride(0), m,
-                        packed->f32(), bias_data, out.mutable_data_ptr<float>(),
-                        n);
-      }
-    });
-    observe::mark_path(observe::ExecutionPath::kNative,
-                       bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
-    return out;
+  if (a.size(0) <= kSkinnyMaxRows) {
+    plan.bf16 = precision == Fp32Precision::kBf16;
+    const bool supported = precision == Fp32Precision::kIeee
+                               ? skinny_f32_supported()
+                               : plan.bf16 && skinny_bf16_supported();
+    if (!supported) return std::nullopt;
+    plan.packed = packed_weight(
+        b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
+  } else if (precision == Fp32Precision::kIeee) {
+    plan.packed = packed_weight(b, PackKind::kOneDnn);
   }
+  if (!plan.packed) return std::nullopt;
+  return plan;
+}
 
-  if (skinny || precision != Fp32Precision::kIeee) return std::nullopt;
-  auto packed = packed_weight(b, PackKind::kOneDnn);
-  if (!packed) return std::nullopt;
+// The skinny kernel into `out` (rows of unit stride, row stride ldc).
+void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
+  const float* bias = plan.bias ? plan.bias->const_data_ptr<float>() : nullptr;
+  float* c = out.mutable_data_ptr<float>();
+  if (plan.bf16) {
+    skinny_gemm_bf16(a.const_data_ptr<float>(), a.stride(0), a.size(0),
+                     plan.packed->bf16(), bias, c, out.stride(0));
+  } else {
+    skinny_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
+                    plan.packed->f32(), bias, c, out.stride(0));
+  }
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     plan.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
+}
+
+at::Tensor run_onednn(const Plan& plan, const at::Tensor& a) {
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
       [&](const at::Tensor& ca, const std::optional<at::Tensor>& cbias) {
-        return onednn_linear(ca, *packed, cbias);
+        return onednn_linear(ca, *plan.packed, cbias);
       },
-      a, bias);
+      a, plan.bias);
   observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
   return out;
+}
+
+}  // namespace
+
+std::optional<at::Tensor> fast_linear(const at::Tensor& self,
+                                      const at::Tensor& a, const at::Tensor& b,
+                                      const at::Scalar& beta,
+                                      const at::Scalar& alpha) {
+  const std::optional<Plan> route = plan(self, a, b, beta, alpha);
+  if (!route) return std::nullopt;
+  if (route->packed->kind == PackKind::kOneDnn) return run_onednn(*route, a);
+  at::Tensor out;
+  run_on_device(a.device().index(), [&] {
+    out = at::empty({a.size(0), b.size(1)}, a.options());
+    run_skinny(*route, a, out);
+  });
+  return out;
+}
+
+bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
+                     const at::Tensor& a, const at::Tensor& b,
+                     const at::Scalar& beta, const at::Scalar& alpha) {
+  // Only an out= of the final shape, rows of unit stride, that overlaps no
+  // input (ATen's resize and aliasing rules stay with the general route).
+  if (!out.defined() || out.dim() != 2 || a.dim() != 2 || b.dim() != 2 ||
+      out.size(0) != a.size(0) || out.size(1) != b.size(1) ||
+      out.stride(1) != 1 || out.device() != a.device() ||
+      out.scalar_type() != at::kFloat ||
+      out.storage().is_alias_of(a.storage()) ||
+      out.storage().is_alias_of(b.storage()) ||
+      (self.defined() && out.storage().is_alias_of(self.storage()))) {
+    return false;
+  }
+  const std::optional<Plan> route = plan(self, a, b, beta, alpha);
+  if (!route) return false;
+  if (route->packed->kind == PackKind::kOneDnn) {
+    const at::Tensor result = run_onednn(*route, a);
+    run_on_device(a.device().index(), [&] {
+      const_cast<at::Tensor&>(out).copy_(result);
+    });
+  } else {
+    run_on_device(a.device().index(), [&] { run_skinny(*route, a, out); });
+  }
+  return true;
 }
 
 }  // namespace ember::matmul

@@ -20,4 +20,10 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& bias,
                                       const at::Scalar& beta,
                                       const at::Scalar& alpha);
 
+// The same into `out` (mm.out / addmm.out, as Inductor's generated code
+// calls them); false, having done nothing, for a call it does not take.
+bool fast_linear_out(const at::Tensor& out, const at::Tensor& bias,
+                     const at::Tensor& a, const at::Tensor& b,
+                     const at::Scalar& beta, const at::Scalar& alpha);
+
 }  // namespace ember::matmul
