@@ -227,7 +227,7 @@ def test_cpp_wrapper_is_refused_clearly():
 
 
 def test_named_backend_batch_one_mlp_is_one_kernel_chain():
-    """One row: weights row-major, Linear -> GELU -> Linear as generated C++ (no ATen GEMM)."""
+    """One row, small weights: Linear -> GELU -> Linear as generated C++ (no ATen GEMM)."""
     from torch._inductor import metrics
 
     model, x = _mlp().eval(), _randn(1, 32)
@@ -237,7 +237,6 @@ def test_named_backend_batch_one_mlp_is_one_kernel_chain():
         _assert_close(out, model(x))
     stats = ember_backend_module.counters
     assert stats["freezing"] == 6  # 2 Linear x 2 + LayerNorm x 2
-    assert stats["prepack_weights"] == 2  # both weights stored row-major [K, N]
     assert stats["linear_activation"] == 2  # both Linear layers touch the GELU
     assert metrics.generated_kernel_count >= 1
     assert counters["inductor"]["select_algorithm_autotune"] == 0  # no GEMM left to tune
@@ -257,11 +256,10 @@ def test_named_backend_fuses_activation_into_gemm_epilogue(monkeypatch):
     monkeypatch.setattr(AlgorithmSelectorCache, "benchmark_choices", classmethod(template_wins))
     model, x = _mlp(act=torch.nn.ReLU).eval(), _randn(64, 32)
     with torch.inference_mode():
-        out = torch.compile(model, backend="ember")(x)
+        out = torch.compile(model, backend="ember", options={"template": True})(x)
         _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     stats = ember_backend_module.counters
     assert stats["linear_activation"] == 1  # Linear -> ReLU; the second Linear has none
-    assert stats["prepack_weights"] == 0  # 64 rows: weights stay as they are
     assert len(timed) == 1 and len(timed[0]) == 2  # ATen vs the template, once
     assert counters["inductor"]["cpp_templated_kernel_counter"] == 1
     assert counters["inductor"]["cpp_epilogue_fusion_counter"] >= 1
@@ -279,6 +277,26 @@ def test_named_backend_matches_default_on_transformer_block():
         out = torch.compile(model, backend="ember")(ids).logits
     _assert_close(out, expected, rtol=1e-4, atol=1e-4)
     assert ember_backend_module.counters["freezing"] > 0
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_named_backend_runs_linears_on_packed_weights(rows, capfd):
+    """Linears the passes leave alone are ATen GEMM calls that ember's runtime
+    runs on packed weights (no Inductor template, no MKL)."""
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 64))
+    model = model.eval().to(DEVICE)
+    x = _randn(rows, 512)
+    with torch.inference_mode():
+        compiled = torch.compile(model, backend="ember")
+        for _ in range(2):
+            compiled(x)
+        with torch.backends.ember.verbose(1):
+            out = compiled(x)
+        _assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    log = capfd.readouterr().err
+    route = "skinny/f32-packed" if rows == 1 else "onednn/packed"
+    assert log.count(route) == 2, log
+    assert counters["inductor"]["cpp_templated_kernel_counter"] == 0
 
 
 def test_named_backend_trains_like_default():

@@ -9,8 +9,10 @@ For an inference graph (compiled under ``torch.no_grad()`` /
 1. freezes it (``passes/freezing.py``): parameters and buffers become
    constants, Inductor folds what depends only on them (e.g. transposes, the
    concatenated Q/K/V weight);
-2. runs ember's passes on the frozen post-grad graph (``passes/``): weight
-   prepacking, then linear + activation fusion;
+2. runs ember's passes on the frozen post-grad graph (``passes/``): small
+   one-row linear + activation fusion; every other linear stays an ATen
+   GEMM call, which ember's runtime runs on its packed weights (the skinny
+   kernel or oneDNN's packed matmul, ``csrc/ops/kernels/matmul/``);
 3. compiles with Inductor (C++ kernels on ember memory).
 
 A training graph (grad enabled) compiles exactly like the default backend:
@@ -19,9 +21,9 @@ freezing would bake in weights the optimizer is about to change.
 Options (``torch.compile(m, backend="ember", options={...})``):
 ``freezing`` (default True), ``passes`` (default True), ``small_m`` (GEMMs with
 at most this many rows are never offered the C++ GEMM template, default 16),
-``template`` (offer the C++ GEMM template, default True), ``fuse_max_weight``
+``template`` (offer the C++ GEMM template, default False), ``fuse_max_weight``
 (one-row GEMMs next to an activation with at most this many weight elements
-become generated C++ kernels, default 2**20).
+become generated C++ kernels, default 2**16).
 """
 
 from __future__ import annotations

@@ -9,8 +9,12 @@ Dynamo's graph, in the backend, so that Inductor freezes at all.
 
 | pass | what |
 |---|---|
-| ``prepack_weights`` | weight prepacking: one-row GEMMs read their frozen weight row-major |
-| ``linear_activation`` | linear + activation in one generated C++ kernel (one row), or the activation as a C++ GEMM template's epilogue (many rows) |
+| ``linear_activation`` | a small one-row linear + activation as one generated C++ kernel; optionally (``template=True``) the activation as a C++ GEMM template's epilogue (many rows) |
+
+Every other frozen GEMM stays an ATen call on ember, where the runtime's
+packed-weight route runs it (``csrc/ops/kernels/matmul/FastGemm.cpp``: the
+weight is packed once, the skinny kernel or oneDNN's packed matmul runs):
+that route replaced the former ``prepack_weights`` pass.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import torch
 
 from torch_ember.compile.passes._gemm import TEMPLATE_META as TEMPLATE_META
 from torch_ember.compile.passes.linear_activation import linear_activation
-from torch_ember.compile.passes.prepack_weights import prepack_weights
 
 counters: Counter[str] = Counter()
 """Nodes changed by each pass, summed over every graph compiled since the last reset."""
@@ -32,12 +35,13 @@ counters: Counter[str] = Counter()
 @dataclass(frozen=True)
 class Options:
     small_m: int = 16  # GEMMs with at most this many rows are never offered the template
-    template: bool = True  # offer Inductor's C++ GEMM template (prepacked, fused epilogue)
-    fuse_max_weight: int = 1 << 20  # one-row GEMMs up to this many weight elements: C++ kernels
+    # offer Inductor's C++ GEMM template (fused epilogue); off: ember's packed
+    # oneDNN route measured faster on every transformer shape
+    template: bool = False
+    fuse_max_weight: int = 1 << 16  # one-row GEMMs up to this many weight elements: C++ kernels
 
 
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
-    "prepack_weights": prepack_weights,  # first: the fused one-row kernels read row-major W
     "linear_activation": linear_activation,
 }
 
