@@ -3,11 +3,11 @@
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
-#include "ember/runtime/cpu_features.h"
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+
+#include "ember/runtime/cpu_features.h"
 
 namespace ember::flags {
 namespace {

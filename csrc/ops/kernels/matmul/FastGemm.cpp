@@ -150,9 +150,8 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   if (!route) return false;
   if (route->packed->kind == PackKind::kOneDnn) {
     const at::Tensor result = run_onednn(*route, a);
-    run_on_device(a.device().index(), [&] {
-      const_cast<at::Tensor&>(out).copy_(result);
-    });
+    run_on_device(a.device().index(),
+                  [&] { const_cast<at::Tensor&>(out).copy_(result); });
   } else {
     run_on_device(a.device().index(), [&] { run_skinny(*route, a, out); });
   }

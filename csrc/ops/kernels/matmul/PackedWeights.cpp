@@ -132,8 +132,7 @@ class PackCache {
   }
 
   void set_limit(int64_t bytes) {
-    TORCH_CHECK_VALUE(bytes >= 0, "pack cache limit must be >= 0, got ",
-                      bytes);
+    TORCH_CHECK_VALUE(bytes >= 0, "pack cache limit must be >= 0, got ", bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     limit_ = bytes;
     evict_over_limit(std::nullopt);
@@ -207,8 +206,7 @@ class PackCache {
           pack_panels_f32(data, packed->k, packed->n, b.stride(0), b.stride(1),
                           static_cast<float*>(packed->panels.get()));
         } else {
-          pack_panels_bf16(data, packed->k, packed->n, b.stride(0),
-                           b.stride(1),
+          pack_panels_bf16(data, packed->k, packed->n, b.stride(0), b.stride(1),
                            static_cast<uint16_t*>(packed->panels.get()));
         }
       }

@@ -12,7 +12,7 @@
 namespace ember::matmul {
 namespace {
 
-constexpr int64_t kGroupPanels = 4;  // panels a micro-kernel call covers
+constexpr int64_t kGroupPanels = 4;   // panels a micro-kernel call covers
 constexpr int64_t kMaxBlockRows = 6;  // rows per call: 6 x 4 accumulators
 
 int64_t panel_count(int64_t n) { return (n + kPanelWidth - 1) / kPanelWidth; }
@@ -48,8 +48,9 @@ __attribute__((target("avx512f"))) inline void store_block(
 #pragma GCC unroll 4
   for (int j = 0; j < kPanels; ++j) {
     const __mmask16 mask = column_mask(columns - j * 16);
-    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + j * 16)
-                                     : _mm512_setzero_ps();
+    const __m512 b = bias != nullptr
+                         ? _mm512_maskz_loadu_ps(mask, bias + j * 16)
+                         : _mm512_setzero_ps();
 #pragma GCC unroll 6
     for (int i = 0; i < kRows; ++i) {
       _mm512_mask_storeu_ps(c + i * ldc + j * 16, mask,
@@ -107,8 +108,8 @@ __attribute__((target("avx512f,avx512bf16"))) void block_bf16(
     }
 #pragma GCC unroll 6
     for (int i = 0; i < kRows; ++i) {
-      const __m512i x = _mm512_set1_epi32(
-          static_cast<int>(a_pairs[i * lda_pairs + kp]));
+      const __m512i x =
+          _mm512_set1_epi32(static_cast<int>(a_pairs[i * lda_pairs + kp]));
 #pragma GCC unroll 4
       for (int j = 0; j < kPanels; ++j) {
         acc[i][j] = _mm512_dpbf16_ps(acc[i][j], reinterpret_cast<__m512bh>(x),
@@ -153,8 +154,8 @@ template <class Body>
 void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
   const int64_t groups = (panel_count(n) + kGroupPanels - 1) / kGroupPanels;
   constexpr int64_t kBytesPerTask = 256 * 1024;
-  const int64_t grain =
-      std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
+  const int64_t grain = std::max<int64_t>(
+      1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
   at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) body(g);
   });
@@ -255,22 +256,20 @@ void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
   }
   const int64_t panels = panel_count(b.n);
   const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
-  for_panel_groups(b.n, k_pairs * kGroupPanels * kPanelWidth * 4,
-                   [&](int64_t g) {
-                     const int64_t p0 = g * kGroupPanels;
-                     const int64_t np = std::min(kGroupPanels, panels - p0);
-                     const int64_t col0 = p0 * kPanelWidth;
-                     const PanelRun<uint16_t> run{
-                         b.data + p0 * panel_stride, panel_stride,
-                         std::min(b.n - col0, np * kPanelWidth)};
-                     for (int64_t r = 0; r < m; r += kMaxBlockRows) {
-                       const int64_t rows = std::min(kMaxBlockRows, m - r);
-                       kernels.table[rows - 1][np - 1](
-                           a_pairs.data() + r * k_pairs, k_pairs, k_pairs, run,
-                           bias ? bias + col0 : nullptr, c + r * ldc + col0,
-                           ldc);
-                     }
-                   });
+  for_panel_groups(
+      b.n, k_pairs * kGroupPanels * kPanelWidth * 4, [&](int64_t g) {
+        const int64_t p0 = g * kGroupPanels;
+        const int64_t np = std::min(kGroupPanels, panels - p0);
+        const int64_t col0 = p0 * kPanelWidth;
+        const PanelRun<uint16_t> run{b.data + p0 * panel_stride, panel_stride,
+                                     std::min(b.n - col0, np * kPanelWidth)};
+        for (int64_t r = 0; r < m; r += kMaxBlockRows) {
+          const int64_t rows = std::min(kMaxBlockRows, m - r);
+          kernels.table[rows - 1][np - 1](
+              a_pairs.data() + r * k_pairs, k_pairs, k_pairs, run,
+              bias ? bias + col0 : nullptr, c + r * ldc + col0, ldc);
+        }
+      });
 }
 
 }  // namespace ember::matmul
