@@ -273,12 +273,13 @@ def _prepare(
     res.notes = list(prepared.notes)
     if ref is not None:
         cmp = w.compare or compare
-        res.max_abs_diff, res.rel_err, note = cmp(ref, out, w.rtol)
+        rtol = prepared.rtol if prepared.rtol is not None else w.rtol
+        res.max_abs_diff, res.rel_err, note = cmp(ref, out, rtol)
         if note:
             res.notes.append(note)
-        if not res.rel_err <= w.rtol:  # also catches NaN
+        if not res.rel_err <= rtol:  # also catches NaN
             res.status = "WRONG"
-            res.reason = f"max|diff|/max|ref| = {res.rel_err:.3g} > tolerance {w.rtol:g}"
+            res.reason = f"max|diff|/max|ref| = {res.rel_err:.3g} > tolerance {rtol:g}"
     out_cpu = tuple(t.cpu() for t in _flatten(out))
     return res, prepared, out_cpu
 
