@@ -77,9 +77,9 @@ def test_tuned_addmm_accumulates_exactly_once():
 def test_limit_bounds_the_cache_and_evicts_the_oldest():
     be.benchmark = True
     be.benchmark_limit = 2
-    m = torch.randn(8, 8, device=DEVICE)
     for rows in (3, 4, 5):
-        torch.randn(rows, 8, device=DEVICE) @ m
+        # a fresh B each time: a B used again would run packed, untuned
+        torch.randn(rows, 8, device=DEVICE) @ torch.randn(8, 8, device=DEVICE)
     info = be.benchmark_cache_info()
     assert info["entries"] == 2 and info["limit"] == 2
     signatures = " ".join(c["signature"] for c in info["choices"])
