@@ -266,3 +266,42 @@ def test_out_variants_take_the_packed_route(m, capfd):
     small = torch.empty(0, device=DEVICE)
     torch.addmm(biase, xe, we, out=small)
     _check_fp32(small, x, w, bias)
+
+
+def test_large_m_and_odd_shapes():
+    torch.manual_seed(3)
+    for m, k, n in [(1024, 96, 130), (1024, 1, 7), (513, 257, 3)]:
+        w, bias, x = torch.randn(n, k), torch.randn(n), torch.randn(m, k)
+        we, biase, xe = w.to(DEVICE), bias.to(DEVICE), x.to(DEVICE)
+        for _ in range(2):
+            _check_fp32(torch.nn.functional.linear(xe, we, biase), x, w.t(), bias)
+
+
+ACTIVATIONS = {
+    "relu": torch.nn.ReLU,
+    "gelu": torch.nn.GELU,
+    "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
+    "silu": torch.nn.SiLU,
+    "tanh": torch.nn.Tanh,
+    "sigmoid": torch.nn.Sigmoid,
+}
+
+
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("m", [1, 64])
+def test_linear_then_activation_eager_and_compiled(act, m):
+    """Linear -> activation on the packed route, eager and with
+    torch.compile(backend="ember") (one-row fusion or packed extern GEMM),
+    against float64."""
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(96, 80), ACTIVATIONS[act]()).eval()
+    x = torch.randn(m, 96)
+    ref = model.double()(x.double()).float()
+    model = model.float().to(DEVICE)
+    xe = x.to(DEVICE)
+    with torch.inference_mode():
+        eager = [model(xe) for _ in range(2)][-1]
+        compiled = torch.compile(model, backend="ember")
+        out = [compiled(xe) for _ in range(2)][-1]
+    for result in (eager, out):
+        torch.testing.assert_close(result.cpu(), ref, rtol=1e-5, atol=2e-5)
