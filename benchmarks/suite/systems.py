@@ -452,40 +452,11 @@ def ember_eager(w: Workload, threads: int) -> Prepared:
     return run_on(w, module, device="ember", sync=torch.ember.synchronize)
 
 
-@register("ember-tuned", version=torch_ember_version)
-def ember_tuned(w: Workload, threads: int) -> Prepared:
-    """ember eager with torch.backends.ember.benchmark = True: each GEMM and 2-D
-    convolution signature times its algorithms (MKL vs oneDNN; oneDNN vs im2col)
-    during warm-up and keeps the fastest (docs/backends.md)."""
+def _ember_within(w: Workload, mode: Callable[[], contextlib.AbstractContextManager]) -> Prepared:
+    """ember eager with ``mode()`` entered around each whole run of this system
+    only (the harness interleaves systems; the decode driver's argmax is inside)."""
     if not hasattr(torch, "ember"):
         raise Skip("torch_ember is not loaded")
-    module = to_device_copy(w.module, "ember")
-
-    def call(*inputs):
-        # Only around this system's own runs: the harness interleaves systems.
-        with torch.backends.ember.flags(benchmark=True):
-            return module(*inputs)
-
-    return run_on(
-        w, call, device="ember", sync=torch.ember.synchronize, close=torch.ember.empty_cache
-    )
-
-
-@register("ember-parity", version=torch_ember_version)
-def ember_parity(w: Workload, threads: int) -> Prepared:
-    """ember eager with torch.backends.ember.cpu_parity = True: every op runs CPU's
-    own ATen kernel (bitwise equal to CPU) instead of ember's fastest kernels; set
-    only around this system's runs (flags(cpu_parity=True))."""
-    if not hasattr(torch, "ember"):
-        raise Skip("torch_ember is not loaded")
-    backends = torch.backends.ember
-    if not hasattr(backends, "cpu_parity"):
-        raise Skip("this torch_ember build has no torch.backends.ember.cpu_parity")
-    try:
-        with backends.flags(cpu_parity=True):
-            pass
-    except (TypeError, ValueError, KeyError) as e:
-        raise Skip(f"flags(cpu_parity=True) not accepted: {e}") from None
     prepared = run_on(
         w,
         to_device_copy(w.module, "ember"),
@@ -496,17 +467,45 @@ def ember_parity(w: Workload, threads: int) -> Prepared:
     inner = prepared.run
 
     def run() -> tuple:
-        # Only around this system's own runs (the harness interleaves systems), and
-        # around the whole run: the decode driver's argmax runs in parity mode too.
-        with backends.flags(cpu_parity=True):
+        with mode():
             return inner()
 
     prepared.run = run
     return prepared
 
 
+@register("ember-tuned", version=torch_ember_version)
+def ember_tuned(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.benchmark = True: each GEMM and 2-D
+    convolution signature the packed-weight route does not take times its
+    algorithms (MKL vs oneDNN; oneDNN vs im2col) during warm-up and keeps the
+    fastest (docs/backends.md)."""
+    return _ember_within(w, lambda: torch.backends.ember.flags(benchmark=True))
+
+
+@register("ember-parity", version=torch_ember_version)
+def ember_parity(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.cpu_parity = True: every op runs CPU's
+    own ATen kernel (bitwise equal to CPU) instead of ember's fastest kernels; set
+    only around this system's runs (flags(cpu_parity=True))."""
+    backends = getattr(torch.backends, "ember", None)
+    if backends is not None and not hasattr(backends, "cpu_parity"):
+        raise Skip("this torch_ember build has no torch.backends.ember.cpu_parity")
+    return _ember_within(w, lambda: torch.backends.ember.flags(cpu_parity=True))
+
+
 # bf16 operands carry 8 significant bits: outputs agree to ~2^-8 relative
 MEDIUM_RTOL = 3e-2
+
+
+@contextlib.contextmanager
+def _float32_matmul_precision(value: str):
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 @register("ember-medium", version=torch_ember_version)
@@ -515,28 +514,9 @@ def ember_medium(w: Workload, threads: int) -> Prepared:
     runs: fp32 GEMMs take bf16 operands with fp32 accumulation (skinny GEMMs stream
     bf16-packed weights, half the bytes); compared with CPU at rtol 3e-2 (bf16
     rounding), not the workload's fp32 tolerance."""
-    if not hasattr(torch, "ember"):
-        raise Skip("torch_ember is not loaded")
     if w.dtype != torch.float32:
         raise Skip("fp32 precision applies to float32 workloads only")
-    prepared = run_on(
-        w,
-        to_device_copy(w.module, "ember"),
-        device="ember",
-        sync=torch.ember.synchronize,
-        close=torch.ember.empty_cache,
-    )
-    inner = prepared.run
-
-    def run() -> tuple:
-        previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("medium")
-        try:
-            return inner()
-        finally:
-            torch.set_float32_matmul_precision(previous)
-
-    prepared.run = run
+    prepared = _ember_within(w, lambda: _float32_matmul_precision("medium"))
     prepared.rtol = max(w.rtol, MEDIUM_RTOL)
     prepared.notes.append(f"compared at rtol {prepared.rtol:g} (bf16 products)")
     return prepared
