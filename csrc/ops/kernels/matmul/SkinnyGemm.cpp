@@ -40,6 +40,16 @@ __mmask16 column_mask(int64_t columns) {
                        : static_cast<__mmask16>((1u << columns) - 1u);
 }
 
+template <int kRows, int kPanels>
+__attribute__((target("avx512f"))) inline void zero_block(
+    __m512 (&acc)[kRows][kPanels]) {
+#pragma GCC unroll 6
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+}
+
 // The epilogue both precisions share: bias, then a masked store per row.
 template <int kRows, int kPanels>
 __attribute__((target("avx512f"))) inline void store_block(
@@ -66,11 +76,7 @@ __attribute__((target("avx512f"))) void block_f32(const float* a, int64_t lda,
                                                   const float* bias, float* c,
                                                   int64_t ldc) {
   __m512 acc[kRows][kPanels];
-#pragma GCC unroll 6
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  zero_block<kRows, kPanels>(acc);
   for (int64_t kk = 0; kk < k; ++kk) {
     __m512 w[kPanels];
 #pragma GCC unroll 4
@@ -95,11 +101,7 @@ __attribute__((target("avx512f,avx512bf16"))) void block_bf16(
     const uint32_t* a_pairs, int64_t lda_pairs, int64_t k_pairs,
     PanelRun<uint16_t> run, const float* bias, float* c, int64_t ldc) {
   __m512 acc[kRows][kPanels];
-#pragma GCC unroll 6
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 4
-    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
+  zero_block<kRows, kPanels>(acc);
   for (int64_t kp = 0; kp < k_pairs; ++kp) {
     __m512i w[kPanels];
 #pragma GCC unroll 4
