@@ -1,12 +1,19 @@
-"""Property tests: random shapes, strides, dtypes and broadcasting, ember == CPU bitwise.
+"""Property tests: random shapes, strides, dtypes and broadcasting, ember vs CPU.
 
 hypothesis draws shapes of 0-4 dims (zero-size included), a memory layout
 (contiguous, permuted, sliced with steps and an offset, or expanded from
 size-1 dims), dtypes (float32, float64, int32, int64, bool, bfloat16),
 broadcast-compatible shape pairs and reduction dims, for the elementwise,
 reduction and matmul families. The same view is built over the same bytes
-on CPU and on ember; the results must have the same dtype and shape and the
-same bytes, or both calls must raise the same exception type.
+on CPU and on ember, and every example runs on ember in both modes:
+
+``parity``   ``torch.backends.ember.flags(cpu_parity=True)`` (CPU's kernels):
+             the same dtype, shape, strides and the same bytes as CPU
+``default``  ember's own kernels (``cpu_parity=False``): the same dtype, shape
+             and strides, values within ``assert_close``'s default tolerances
+             for the dtype (what the conformance kit's default sweep uses)
+
+or, in both modes, the call raises the exception type CPU raises.
 
 Under CI (``CI`` set) examples are derandomized so a run is reproducible.
 """
@@ -83,28 +90,45 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)
 
 
-def assert_same(ember_result, cpu_result):
+# mode -> torch.backends.ember.cpu_parity
+MODES = {"parity": True, "default": False}
+
+
+def assert_same(ember_result, cpu_result, mode="parity"):
+    """Structure exact; values bitwise (parity) or within the dtype's default
+    tolerances (default)."""
     if isinstance(cpu_result, (tuple, list)):
         assert len(ember_result) == len(cpu_result)
         for e, c in zip(ember_result, cpu_result, strict=True):
-            assert_same(e, c)
+            assert_same(e, c, mode)
         return
     assert ember_result.device.type == "ember"
     assert ember_result.dtype == cpu_result.dtype
     assert ember_result.shape == cpu_result.shape
     assert ember_result.stride() == cpu_result.stride()
-    assert torch.equal(_bytes(ember_result.cpu()), _bytes(cpu_result))
+    if mode == "parity":
+        assert torch.equal(_bytes(ember_result.cpu()), _bytes(cpu_result))
+    else:
+        torch.testing.assert_close(ember_result.cpu(), cpu_result, equal_nan=True)
 
 
-def check(fn, cpu_args, ember_args):
-    """ember gives CPU's exact result, or raises what CPU raises."""
+def on_ember(fn, args, mode):
+    with torch.backends.ember.flags(cpu_parity=MODES[mode]):
+        return fn(*args)
+
+
+def check(fn, cpu_args, ember_args, modes=tuple(MODES)):
+    """In each mode ember gives CPU's result (see assert_same), or raises what
+    CPU raises. ``fn`` must not modify its arguments (it runs once per mode)."""
     try:
         expected = fn(*cpu_args)
     except Exception as error:  # noqa: BLE001 - ember must fail the same way
-        with pytest.raises(type(error)):
-            fn(*ember_args)
+        for mode in modes:
+            with pytest.raises(type(error)):
+                on_ember(fn, ember_args, mode)
         return
-    assert_same(fn(*ember_args), expected)
+    for mode in modes:
+        assert_same(on_ember(fn, ember_args, mode), expected, mode)
 
 
 @st.composite
@@ -165,9 +189,11 @@ def test_where(shapes, dtype, layout, seed):
 def test_inplace_add(shapes, dtype, layout, seed):
     a, ea = make_pair(shapes[0], dtype, layout, seed)
     b, eb = make_pair(shapes[1], dtype, "contiguous", seed + 1)
-    a, ea = a.clone(), ea.clone()  # an expanded view cannot be written in place
-    check(lambda x, y: x.add_(y), (a, b), (ea, eb))
-    assert_same(ea, a)
+    for mode in MODES:  # each mode adds in place into its own copy
+        # (an expanded view cannot be written in place: clone)
+        cpu_a, ember_a = a.clone(), ea.clone()
+        check(lambda x, y: x.add_(y), (cpu_a, b), (ember_a, eb), modes=(mode,))
+        assert_same(ember_a, cpu_a, mode)
 
 
 REDUCTIONS = {
@@ -207,6 +233,15 @@ def test_argmax(shape, dtype, layout, seed, keepdim):
     check(lambda t: torch.argmax(t, dim=dim, keepdim=keepdim), (x,), (ex,))
 
 
+# ember's default fp32 GEMM (cpu_parity off) leaves the result of an empty
+# reduction (k = 0) uninitialized instead of zero (addmm: instead of
+# beta * self): a kernel bug, pinned by test_empty_reduction_gemm_default_mode
+# (strict xfail). Until it is fixed, the default-mode leg of the matmul
+# properties skips k = 0 in float32; the parity leg keeps every example.
+def _gemm_modes(k: int, dtype: torch.dtype) -> tuple[str, ...]:
+    return ("parity",) if k == 0 and dtype == torch.float32 else tuple(MODES)
+
+
 @st.composite
 def matmul_shapes(draw):
     n, k, m = draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(0, 6))
@@ -233,7 +268,7 @@ def matmul_shapes(draw):
 def test_matmul(shapes, dtype, layout_a, layout_b, seed):
     a, ea = make_pair(shapes[0], dtype, layout_a, seed)
     b, eb = make_pair(shapes[1], dtype, layout_b, seed + 1)
-    check(torch.matmul, (a, b), (ea, eb))
+    check(torch.matmul, (a, b), (ea, eb), modes=_gemm_modes(shapes[0][-1], dtype))
 
 
 @given(
@@ -248,4 +283,40 @@ def test_addmm(n, k, m, dtype, transpose, seed):
     bias, ebias = make_pair((m,), dtype, "contiguous", seed)
     a, ea = make_pair((n, k), dtype, "permuted" if transpose else "contiguous", seed + 1)
     b, eb = make_pair((k, m), dtype, "stepped", seed + 2)
-    check(lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0), (bias, a, b), (ebias, ea, eb))
+    check(
+        lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0),
+        (bias, a, b),
+        (ebias, ea, eb),
+        modes=_gemm_modes(k, dtype),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ember's default fp32 GEMM leaves an empty reduction (k = 0) uninitialized "
+    "and addmm ignores beta (csrc kernel bug); when fixed, remove this xfail, "
+    "_gemm_modes' exclusion and the default-mode EXPECTED_FAILURES of test_conformance.py",
+)
+def test_empty_reduction_gemm_default_mode():
+    """k = 0: the result is zeros (addmm: beta * self), whatever the reused memory held."""
+    ember = torch.device("ember")
+    calls = {
+        "mm": lambda a, b, c: torch.mm(a, b),
+        "matmul": lambda a, b, c: a @ b,
+        "bmm": lambda a, b, c: torch.bmm(a.expand(2, 5, 0), b.expand(2, 0, 10)),
+        "linear": lambda a, b, c: torch.nn.functional.linear(a, b.t()),
+        "addmm": lambda a, b, c: torch.addmm(c, a, b, beta=0.5),
+    }
+    wrong = []
+    for name, call in calls.items():
+        a, b, c = torch.zeros(5, 0), torch.zeros(0, 10), torch.ones(10)
+        expected = call(a, b, c)
+        ea, eb, ec = a.to(ember), b.to(ember), c.to(ember)
+        with torch.backends.ember.flags(cpu_parity=False):
+            # A freed block full of NaN, the size of the result, to be reused.
+            junk = torch.full(expected.shape, float("nan"), device=ember)
+            del junk
+            got = call(ea, eb, ec).cpu()
+        if not torch.equal(got, expected):
+            wrong.append(name)
+    assert not wrong, f"k = 0 results are not zeros in the default mode: {wrong}"
