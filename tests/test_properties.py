@@ -320,3 +320,19 @@ def test_empty_reduction_gemm_default_mode():
         if not torch.equal(got, expected):
             wrong.append(name)
     assert not wrong, f"k = 0 results are not zeros in the default mode: {wrong}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=IndexError,
+    reason="ember's default fp32 addmm/linear fast path indexes the last dim of a 0-dim "
+    "self (bias) and raises IndexError (csrc kernel bug); when fixed, remove this xfail",
+)
+def test_addmm_scalar_self_default_mode():
+    """addmm with a 0-dim self broadcasts it, as CPU does (conformance:
+    forward/backward addmm.decomposed float32 in the default sweep)."""
+    self, a, b = torch.tensor(1.5), torch.randn(2, 2), torch.randn(2, 3)
+    expected = torch.addmm(self, a, b)
+    with torch.backends.ember.flags(cpu_parity=False):
+        got = torch.addmm(self.to("ember"), a.to("ember"), b.to("ember"))
+    assert_same(got, expected, "default")

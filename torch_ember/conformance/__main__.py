@@ -14,6 +14,12 @@ import traceback
 from pathlib import Path
 
 DEFAULT_OUT = Path("build/conformance")
+MODES = ("parity", "default")  # = modes.MODES (kept here: --help imports no torch)
+
+
+def default_out(mode: str) -> Path:
+    """Where a sweep in ``mode`` keeps its results: one directory per mode."""
+    return DEFAULT_OUT / mode
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +39,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--variants", help="comma-separated: op,inplace,out,grad,train,eval")
     parser.add_argument("--device", default="ember", help="device type name (default ember)")
     parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="parity",
+        help=(
+            "parity: the device's cpu_parity switch on (EMBER_CPU_PARITY=1), values compared "
+            "bitwise; default: the device's own kernels, values compared with OpInfo's "
+            "per-dtype tolerances (default: parity)"
+        ),
+    )
+    parser.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -43,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads per worker (default cores/jobs)"
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="results directory")
+    parser.add_argument("--out", type=Path, help=f"results directory (default {DEFAULT_OUT}/MODE)")
     parser.add_argument("--doc", type=Path, help="also write the Markdown report here")
     parser.add_argument(
         "--timeout", type=float, default=60.0, help="seconds without progress on one sample"
@@ -81,26 +97,36 @@ def _split(values) -> list[str]:
 
 
 def _repro(args, registry, device) -> int:
+    from . import modes
+
+    with modes.active(device.type, args.mode) as cpu_parity:
+        print(f"mode: {args.mode} ({modes.COMPARISON[args.mode]}; cpu_parity {cpu_parity})")
+        return _repro_in_mode(args, registry, device)
+
+
+def _repro_in_mode(args, registry, device) -> int:
     from . import cases, modules, repro
     from .tasks import Task, parse_dtype
 
     task = Task.from_key(args.repro)
     dtype = parse_dtype(task.dtype)
+    mode = args.mode
     if args.sample is None:
         if task.kind == "forward":
-            result = cases.run_forward(registry.ops[task.name], dtype, task.variant, device)
+            op = registry.ops[task.name]
+            result = cases.run_forward(op, dtype, task.variant, device, mode=mode)
         elif task.kind == "backward":
-            result = cases.run_backward(registry.ops[task.name], dtype, device)
+            result = cases.run_backward(registry.ops[task.name], dtype, device, mode=mode)
         else:
             info = registry.modules[task.name]
-            result = modules.run_module(info, dtype, task.variant, device)
+            result = modules.run_module(info, dtype, task.variant, device, mode=mode)
         print(json.dumps(result, indent=1))
         return 0 if result["status"] in ("pass", "unsupported_on_cpu") else 1
     cases.DEBUG = True
     sample = repro.pick_sample(task, registry, dtype, args.sample, device)
     print("sample:", sample.summary())
     try:
-        outcome = repro.run_sample(task, registry, dtype, device, sample)
+        outcome = repro.run_sample(task, registry, dtype, device, sample, mode)
     except repro.Outcome as outcome_error:
         print(f"{outcome_error.outcome}: {outcome_error.cause}: {outcome_error.detail}")
         return 1
@@ -115,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = _parser().parse_args(argv)
     args.argv = argv
+    if args.out is None:
+        args.out = default_out(args.mode)
     import importlib
 
     import torch
@@ -154,16 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh and results_path.exists():
         results_path.unlink()
     if args.rerun:
-        _drop_for_rerun(results_path, set(_split(args.rerun)), {t.key for t in tasks})
+        _drop_for_rerun(results_path, set(_split(args.rerun)), {t.key for t in tasks}, args.mode)
     selected = tasks
     if args.limit is not None:
-        done = load_results(results_path)
+        done = load_results(results_path, args.mode)
         pending = [t for t in tasks if t.key not in done][: args.limit]
         selected = [t for t in tasks if t.key in done] + pending
     threads = args.threads or max(1, (os.cpu_count() or 1) // max(1, args.jobs))
     start = time.monotonic()
     if args.report_only:
-        results = load_results(results_path)
+        results = load_results(results_path, args.mode)
         previous = _previous_meta(args.out / "conformance.json")
         return _write_reports(args, selected, results, previous, threads, None)
     runner = Runner(
@@ -176,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         max_samples=args.max_samples,
         extra_ops=args.extra_ops,
         imports=args.imports,
+        mode=args.mode,
     )
     results = runner.run()
     return _write_reports(args, selected, results, {}, threads, time.monotonic() - start)
@@ -203,15 +232,34 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _other_mode_records(args, selected, build: str) -> tuple[str, list[dict], int] | None:
+    """(mode, records, how many of them are of another build): the other
+    mode's results for the same tasks, when its sweep kept them in the
+    sibling directory (the default layout); the report lists where the two
+    sweeps disagree."""
+    if args.out.name != args.mode:
+        return None
+    other = next(m for m in MODES if m != args.mode)
+    from .runner import load_results
+
+    results = load_results(args.out.parent / other / "results.jsonl", other)
+    records = [results[t.key] for t in selected if t.key in results]
+    other_build = sum(1 for r in records if r.get("build") != build)
+    return (other, records, other_build) if records else None
+
+
 def _write_reports(args, selected, results, previous: dict, threads, wall) -> int:
     import torch
 
-    from . import report
+    from . import modes, report
     from .runner import build_fingerprint
 
     records = [results[t.key] for t in selected if t.key in results]
     meta = {
         "command": "python -m torch_ember.conformance " + " ".join(map(shlex.quote, sys.argv[1:])),
+        "mode": args.mode,
+        "comparison": modes.COMPARISON[args.mode],
+        "cpu_parity": _cpu_parity(args),
         "device": args.device,
         "torch": torch.__version__,
         "commit": _git_commit(),
@@ -223,16 +271,21 @@ def _write_reports(args, selected, results, previous: dict, threads, wall) -> in
         "max_samples": args.max_samples,
     }
     if wall is None:  # a report of an earlier run: keep what that run recorded
-        meta.update({k: v for k, v in previous.items() if k not in ("build",)})
-    report.write_json(args.out / "conformance.json", records, meta)
-    report.write_markdown(args.out / "conformance.md", records, meta)
+        meta.update({k: v for k, v in previous.items() if k not in ("build", "mode", "comparison")})
+    other = _other_mode_records(args, selected, meta["build"])
+    report.write_json(args.out / "conformance.json", records, meta, other)
+    report.write_markdown(args.out / "conformance.md", records, meta, other)
     if args.doc:
-        report.write_markdown(args.doc, records, meta)
+        report.write_markdown(args.doc, records, meta, other)
     table = report.totals(records)
+    print(f"[conformance] mode {args.mode}: values compared {modes.COMPARISON[args.mode]}")
     for kind, row in table.items():
         rate = "n/a" if row["pass_rate"] is None else f"{100 * row['pass_rate']:.2f}%"
         others = ", ".join(f"{s} {row[s]}" for s in report.STATUSES if s != "pass" and row[s])
-        print(f"[conformance] {kind}: {row['pass']}/{row['compared']} pass ({rate}) {others}")
+        inexact = f" ({row['inexact']} within tolerance only)" if row.get("inexact") else ""
+        print(
+            f"[conformance] {kind}: {row['pass']}/{row['compared']} pass ({rate}){inexact} {others}"
+        )
     print(f"[conformance] report: {args.out / 'conformance.md'}")
     stale = sum(1 for r in records if r.get("build") != meta["build"])
     if stale:
@@ -240,17 +293,28 @@ def _write_reports(args, selected, results, previous: dict, threads, wall) -> in
     return 0
 
 
-def _drop_for_rerun(path: Path, statuses: set[str], keys: set[str]) -> None:
-    """Rewrites results.jsonl without the selected tasks whose status is in ``statuses``."""
+def _cpu_parity(args) -> bool | None:
+    """The cpu_parity switch the workers ran with (they refuse to start when
+    it cannot be set); None for a device without one."""
+    from . import modes
+
+    if modes.cpu_parity(args.device) is None:
+        return None
+    return args.mode == "parity"
+
+
+def _drop_for_rerun(path: Path, statuses: set[str], keys: set[str], mode: str) -> None:
+    """Rewrites results.jsonl without the selected tasks of ``mode`` whose
+    (last) status is in ``statuses``; the other mode's records stay."""
     from .report import FAILING
-    from .runner import load_results
+    from .runner import load_results, read_records
 
     if "failed" in statuses:
         statuses |= set(FAILING)
-    results = load_results(path)
-    kept = [r for k, r in results.items() if not (k in keys and r["status"] in statuses)]
-    if len(kept) == len(results):
+    drop = {k for k, r in load_results(path, mode).items() if k in keys and r["status"] in statuses}
+    if not drop:
         return
+    kept = [r for r in read_records(path) if not (r.get("mode") == mode and r["key"] in drop)]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
     tmp.replace(path)

@@ -6,6 +6,8 @@ the same layout), and the same call is made on both with the global RNG
 seeded identically before each call. A sample ends as one of:
 
 ``pass``            both ran and the device result equals the CPU result
+                    (bitwise in the ``parity`` mode, within tolerance in the
+                    ``default`` mode: see :mod:`.modes`)
 ``mismatch``        both ran and something differs (see :mod:`.compare`), or
                     the device returned a result where CPU raised
 ``error``           CPU ran, the device raised (error on the device only)
@@ -15,11 +17,15 @@ seeded identically before each call. A sample ends as one of:
 and the case's status is the worst of its samples: ``mismatch`` over
 ``error_ember_only`` over ``pass``; ``unsupported_on_cpu`` when no sample ran
 on CPU. Crashes and timeouts are decided by the runner, outside the process.
+In the ``default`` mode a passing sample whose values differ bitwise from
+CPU's is counted in the result's ``inexact`` (tolerance-only passes), and a
+values mismatch records the greatest differences (``max_abs``, ``max_rel``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -27,7 +33,8 @@ from typing import Any
 
 import torch
 
-from .compare import Mismatch, compare, values_equal
+from . import modes
+from .compare import Mismatch, Tolerance, compare, values_equal
 from .transform import (
     flat_tensors,
     placement_of,
@@ -135,9 +142,34 @@ class CaseResult:
         self.failures: list[dict] = []
         self.notes: dict[str, Any] = {}
         self.sample_error: str | None = None
+        # default mode: passing samples whose values are not bitwise CPU's.
+        self.inexact: dict[str, Any] = {}
+        # Greatest value differences over the mismatching samples.
+        self.max_abs: float | None = None
+        self.max_rel: float | None = None
 
-    def add(self, index: int, outcome: str, sample=None, cause: str = "", detail: str = ""):
+    def add_inexact(self, notes: list[tuple[str, Any, Any]]) -> None:
+        """A passing sample with values that differ bitwise (where, max_abs, max_rel)."""
+        inexact = self.inexact
+        inexact["samples"] = inexact.get("samples", 0) + 1
+        inexact.setdefault("where", notes[0][0])
+        for _, max_abs, max_rel in notes:
+            inexact["max_abs"] = _max(inexact.get("max_abs"), max_abs)
+            inexact["max_rel"] = _max(inexact.get("max_rel"), max_rel)
+
+    def add(
+        self,
+        index: int,
+        outcome: str,
+        sample=None,
+        cause: str = "",
+        detail: str = "",
+        error: Mismatch | None = None,
+    ):
         self.counts[outcome] += 1
+        if error is not None and error.max_abs is not None:
+            self.max_abs = _max(self.max_abs, error.max_abs)
+            self.max_rel = _max(self.max_rel, error.max_rel)
         same = sum(1 for f in self.failures if f["outcome"] == outcome)
         if outcome in ("mismatch", "error", "harness_error") and same < MAX_FAILURES:
             summary = ""
@@ -146,15 +178,16 @@ class CaseResult:
                     summary = _short(sample.summary(), 400)
                 except Exception:  # noqa: BLE001 - a summary is best effort
                     summary = "?"
-            self.failures.append(
-                {
-                    "sample": index,
-                    "outcome": outcome,
-                    "cause": cause,
-                    "error": _short(detail or cause),
-                    "input": summary,
-                }
-            )
+            failure = {
+                "sample": index,
+                "outcome": outcome,
+                "cause": cause,
+                "error": _short(detail or cause),
+                "input": summary,
+            }
+            if error is not None and error.max_abs is not None:
+                failure["max_abs"], failure["max_rel"] = error.max_abs, error.max_rel
+            self.failures.append(failure)
 
     def status(self) -> str:
         if self.counts["mismatch"]:
@@ -180,8 +213,18 @@ class CaseResult:
             out["failures"] = self.failures
         elif out["status"] == "unsupported_on_cpu":
             out["error"] = self.sample_error or self.notes.pop("cpu_error", "no sample ran on CPU")
+        if self.max_abs is not None:
+            out["max_abs"], out["max_rel"] = self.max_abs, self.max_rel
+        if self.inexact:
+            out["inexact"] = dict(self.inexact)
         out.update(self.notes)
         return out
+
+
+def _max(a, b):
+    """The greater of two optional numbers (JSON-safe: no NaN)."""
+    values = [v for v in (a, b) if v is not None and not math.isnan(v)]
+    return max(values) if values else None
 
 
 def _device_error(error: BaseException, context: str = "") -> _Outcome:
@@ -229,7 +272,7 @@ def _compare_inputs(cpu_inputs, dev_inputs, device, values):
             # Inputs stay where they were put (some deliberately on CPU).
             compare(c, d, d.device, values, where=f"input {j} after the call")
         except Mismatch as error:
-            raise Mismatch("input after the call differs: " + error.cause, error.detail) from None
+            raise error.renamed("input after the call differs: " + error.cause) from None
 
 
 def _run_pair(cpu_fn, cpu_args, dev_args, dev_fn=None):
@@ -383,7 +426,7 @@ def _out_sample(op, sample, device, values):
             )
             _compare_inputs(cpu_inputs, dev_inputs, device, values)
         except Mismatch as error:
-            raise Mismatch(f"out= ({mode}): {error.cause}", error.detail) from None
+            raise error.renamed(f"out= ({mode}): {error.cause}") from None
     if not ran:
         raise _Outcome("cpu_error", "", "out= raised on CPU")
     return "pass"
@@ -398,10 +441,15 @@ def forward_variants(op) -> list[str]:
     return variants
 
 
-def _run_samples(result, samples, body, progress):
+def _run_samples(result, samples, body, progress, tolerance: Tolerance | None = None):
+    """Runs ``body`` on every sample and records each outcome in ``result``;
+    ``tolerance`` (default mode) collects the bitwise differences of a
+    sample that passes."""
     try:
         for index, sample in samples:
             progress(index, sample)
+            if tolerance is not None:
+                tolerance.inexact = []
             try:
                 outcome = body(sample)
             except _Outcome as error:
@@ -410,7 +458,7 @@ def _run_samples(result, samples, body, progress):
                     result.notes["cpu_error"] = error.detail
                 continue
             except Mismatch as error:
-                result.add(index, "mismatch", sample, error.cause, str(error))
+                result.add(index, "mismatch", sample, error.cause, str(error), error)
                 continue
             except Exception as error:  # noqa: BLE001 - a harness problem on this sample
                 detail = _error_text(error) + "\n" + traceback.format_exc(limit=-3)
@@ -420,35 +468,58 @@ def _run_samples(result, samples, body, progress):
             if outcome == "random_value_diff":
                 result.notes["random_value_diffs"] = result.notes.get("random_value_diffs", 0) + 1
                 outcome = "pass"
+            if outcome == "pass" and tolerance is not None and tolerance.inexact:
+                result.add_inexact(tolerance.inexact)
             result.add(index, outcome, sample)
     except Exception as error:  # noqa: BLE001 - generating samples failed
         result.sample_error = "generating samples failed: " + _error_text(error)
 
 
-def sample_values_compared(op, sample):
-    """True (bitwise), False (structure only) or "close" (with tolerance)."""
+def sample_values_compared(op, sample, tolerance: Tolerance | None = None):
+    """How a sample's values are compared (see :mod:`.compare`): bitwise
+    (True), or ``tolerance`` when given (the default mode), False (structure
+    only) or "close" (not reproducible on CPU itself)."""
     if not values_compared(op):
         return False
     random = SOMETIMES_RANDOM_OPS.get(op.full_name)
     if random and random(sample):
         return False
     irreproducible = IRREPRODUCIBLE_ON_CPU.get(op.full_name)
-    return "close" if irreproducible and irreproducible(sample) else True
+    if irreproducible and irreproducible(sample):
+        return "close"
+    return True if tolerance is None else tolerance
 
 
-def run_forward(op, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
+def op_tolerance(op, dtype, device, mode: str) -> Tolerance | None:
+    """The task's Tolerance in the default mode; None (bitwise) in parity."""
+    if modes.check(mode) == "parity":
+        return None
+    return modes.op_tolerance(op, dtype, torch.device(device).type)
+
+
+def run_forward(
+    op,
+    dtype,
+    variant,
+    device,
+    max_samples=None,
+    progress=lambda i, s: None,
+    mode: str = modes.DEFAULT_MODE,
+) -> dict:
     result = CaseResult()
     if not values_compared(op):
         result.notes["values_compared"] = False
+    tolerance = op_tolerance(op, dtype, device, mode)
 
     def body(sample):
-        outcome = _forward_sample(op, variant, sample, device, sample_values_compared(op, sample))
+        values = sample_values_compared(op, sample, tolerance)
+        outcome = _forward_sample(op, variant, sample, device, values)
         if outcome == "random_value_diff" and _uninitialized(op):
             outcome = "pass"  # uninitialized memory: nothing to note
         return outcome
 
     samples = _iterate_samples(op, dtype, False, max_samples, device)
-    _run_samples(result, samples, body, progress)
+    _run_samples(result, samples, body, progress, tolerance)
     return result.to_dict()
 
 
@@ -495,8 +566,8 @@ def _grad_pair(cpu_outputs, dev_outputs, cpu_leaves, dev_leaves):
     return cpu_grads, dev_grads
 
 
-def _backward_sample(op, sample, device):
-    values = sample_values_compared(op, sample)
+def _backward_sample(op, sample, device, tolerance: Tolerance | None = None):
+    values = sample_values_compared(op, sample, tolerance)
     cpu_args, dev_args = _copy_sample(sample, device)
     cpu_leaves = [t for t in flat_tensors(cpu_args) if t.requires_grad]
     dev_leaves = [t for t in flat_tensors(dev_args) if t.requires_grad]
@@ -520,14 +591,26 @@ def _backward_sample(op, sample, device):
         try:
             compare(c, d, device, values, where=f"grad of input {index}")
         except Mismatch as error:
-            raise Mismatch("gradient " + error.cause, error.detail) from None
+            raise error.renamed("gradient " + error.cause) from None
     return "pass"
 
 
-def run_backward(op, dtype, device, max_samples=None, progress=lambda i, s: None) -> dict:
+def run_backward(
+    op,
+    dtype,
+    device,
+    max_samples=None,
+    progress=lambda i, s: None,
+    mode: str = modes.DEFAULT_MODE,
+) -> dict:
     result = CaseResult()
+    tolerance = op_tolerance(op, dtype, device, mode)
     samples = _iterate_samples(op, dtype, True, max_samples, device)
-    _run_samples(result, samples, lambda s: _backward_sample(op, s, device), progress)
+
+    def body(sample):
+        return _backward_sample(op, sample, device, tolerance)
+
+    _run_samples(result, samples, body, progress, tolerance)
     return result.to_dict()
 
 

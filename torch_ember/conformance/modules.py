@@ -1,6 +1,8 @@
 """Running one module-dtype-mode of ``module_db`` on the device and on CPU:
 forward outputs, then gradients of inputs and parameters, compared as in
-:mod:`.cases`."""
+:mod:`.cases` (bitwise in the ``parity`` sweep; in the ``default`` sweep with
+the tolerances ``TestModule.test_cpu_gpu_parity`` runs with, see
+:mod:`.modes`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import copy
 
 import torch
 
+from . import modes
 from .cases import (
     RANDOM_MODULES,
     SEED,
@@ -20,7 +23,7 @@ from .cases import (
     _Outcome,
     _run_samples,
 )
-from .compare import Mismatch, compare
+from .compare import Mismatch, Tolerance, compare
 from .transform import flat_tensors, to_device
 
 
@@ -33,8 +36,14 @@ def module_inputs(info, dtype, training):
     return [m for m in inputs if m.forward_input is not None]
 
 
-def module_values_compared(info) -> bool:
-    return not _matches(info.name, RANDOM_MODULES)
+def module_values_compared(info, dtype=None, device=None, mode: str = modes.DEFAULT_MODE):
+    """False (random modules: structure only), True (bitwise, the parity
+    mode) or the module's Tolerance (the default mode)."""
+    if _matches(info.name, RANDOM_MODULES):
+        return False
+    if modes.check(mode) == "parity":
+        return True
+    return modes.module_tolerance(info, dtype, torch.device(device).type)
 
 
 def _module_sample(info, module_input, dtype, training, device, values):
@@ -76,7 +85,7 @@ def _module_sample(info, module_input, dtype, training, device, values):
     try:
         compare(cpu_out, dev_out, device, values)
     except Mismatch as error:
-        raise Mismatch("forward: " + error.cause, error.detail) from None
+        raise error.renamed("forward: " + error.cause) from None
     # Backward: inputs that require grad and all parameters.
     cpu_params = [p for p in cpu_module.parameters() if p.requires_grad]
     dev_params = [p for p in dev_module.parameters() if p.requires_grad]
@@ -102,7 +111,7 @@ def _module_sample(info, module_input, dtype, training, device, values):
         try:
             compare(c, d, device, values, where=f"grad of {label}")
         except Mismatch as error:
-            raise Mismatch("backward: gradient " + error.cause, error.detail) from None
+            raise error.renamed("backward: gradient " + error.cause) from None
     return "pass"
 
 
@@ -120,11 +129,19 @@ class _ModuleSample:
         return f"desc={desc!r} ctor_args={ctor.args!r} ctor_kwargs={ctor.kwargs!r} inputs={shapes}"
 
 
-def run_module(info, dtype, variant, device, max_samples=None, progress=lambda i, s: None) -> dict:
+def run_module(
+    info,
+    dtype,
+    variant,
+    device,
+    max_samples=None,
+    progress=lambda i, s: None,
+    mode: str = modes.DEFAULT_MODE,
+) -> dict:
     result = CaseResult()
     training = variant == "train"
-    values = module_values_compared(info)
-    if not values:
+    values = module_values_compared(info, dtype, device, mode)
+    if values is False:
         result.notes["values_compared"] = False
     try:
         inputs = module_inputs(info, dtype, training)
@@ -139,5 +156,6 @@ def run_module(info, dtype, variant, device, max_samples=None, progress=lambda i
         samples,
         lambda s: _module_sample(info, s.module_input, dtype, training, device, values),
         progress,
+        values if isinstance(values, Tolerance) else None,
     )
     return result.to_dict()

@@ -3,7 +3,8 @@
 Tasks are handed out one at a time to ``jobs`` worker processes
 (:mod:`.worker`). Each result is appended to ``results.jsonl`` as soon as it
 arrives, so an interrupted sweep resumes where it stopped (keys already in
-the file are skipped). A worker that dies has its current task recorded as
+the file are skipped; results of another build, kit version or mode run
+again: each record carries its ``build`` and ``mode``). A worker that dies has its current task recorded as
 ``crash`` (with the signal, the sample being run and the tail of its stderr);
 one that reports nothing for ``timeout`` seconds is killed and its task
 recorded as ``timeout``. Either way a fresh worker takes over.
@@ -22,6 +23,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from . import modes
 from .tasks import Task
 
 STARTUP_TIMEOUT = 300.0
@@ -30,6 +32,7 @@ RESULT_SOURCES = (
     "_db.py",
     "cases.py",
     "compare.py",
+    "modes.py",
     "modules.py",
     "tasks.py",
     "transform.py",
@@ -44,11 +47,11 @@ MAX_STARTUP_FAILURES = 3
 STDERR_TAIL = 1500
 
 
-def load_results(path: Path) -> dict[str, dict]:
-    """key -> last record in a results.jsonl file (a torn last line is ignored)."""
-    results: dict[str, dict] = {}
+def read_records(path: Path) -> list[dict]:
+    """Every record of a results.jsonl file, in order (a torn last line is ignored)."""
+    records: list[dict] = []
     if not path.exists():
-        return results
+        return records
     with path.open() as handle:
         for line in handle:
             line = line.strip()
@@ -59,8 +62,15 @@ def load_results(path: Path) -> dict[str, dict]:
             except json.JSONDecodeError:
                 continue
             if "key" in record:
-                results[record["key"]] = record
-    return results
+                records.append(record)
+    return records
+
+
+def load_results(path: Path, mode: str | None = None) -> dict[str, dict]:
+    """key -> last record in a results.jsonl file; with ``mode``, the last
+    record of that mode (records of the other mode, e.g. of an earlier sweep
+    into the same directory, are not results of this one)."""
+    return {r["key"]: r for r in read_records(path) if mode is None or r.get("mode") == mode}
 
 
 def build_fingerprint(device: str) -> str:
@@ -191,8 +201,10 @@ class Runner:
         imports: list[str] | None = None,
         recycle: int = 400,
         log=print,
+        mode: str = modes.DEFAULT_MODE,
     ):
         self.tasks = tasks
+        self.mode = modes.check(mode)
         self.out_dir = out_dir
         self.results_path = out_dir / "results.jsonl"
         self.device = device
@@ -210,6 +222,8 @@ class Runner:
             device,
             "--threads",
             str(threads),
+            "--mode",
+            self.mode,
         ]
         if extra_ops:
             self.command += ["--extra-ops", str(extra_ops)]
@@ -218,6 +232,8 @@ class Runner:
         self.env = dict(os.environ)
         # Each worker gets its share of the cores; keep OpenMP from spinning up more.
         self.env.setdefault("OMP_NUM_THREADS", str(threads))
+        # The mode's switch from process start (workers also set the flag).
+        self.env.update(modes.worker_env(self.mode))
         self.startup_failures = 0
 
     def run(self) -> dict[str, dict]:
@@ -226,7 +242,7 @@ class Runner:
         for old_log in (self.out_dir / "logs").glob("worker-*.log"):
             old_log.unlink()
         self.build = build_fingerprint(self.device)
-        done = load_results(self.results_path)
+        done = load_results(self.results_path, self.mode)
         wanted = {t.key for t in self.tasks}
         stale = [k for k, r in done.items() if k in wanted and r.get("build") != self.build]
         for key in stale:
@@ -238,7 +254,8 @@ class Runner:
         if skipped:
             self.log(f"[conformance] resuming: {skipped} of {total} tasks already have results")
         self.log(
-            f"[conformance] {len(pending)} tasks on {self.jobs} worker(s), device {self.device}"
+            f"[conformance] {len(pending)} tasks on {self.jobs} worker(s), device {self.device}, "
+            f"mode {self.mode} ({modes.COMPARISON[self.mode]})"
         )
         if not pending:
             return done
@@ -257,7 +274,7 @@ class Runner:
 
     def _record(self, worker: _Worker, result: dict, done: dict) -> None:
         task = worker.task
-        record = {**task.to_dict(), **result, "build": self.build}
+        record = {**task.to_dict(), **result, "build": self.build, "mode": self.mode}
         done[task.key] = record
         self.results_file.write(json.dumps(record) + "\n")
         self.results_file.flush()

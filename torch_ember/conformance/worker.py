@@ -3,11 +3,14 @@
 Events go to a private copy of the original stdout (fd 1 is pointed at
 stderr, so whatever an op prints cannot corrupt the protocol):
 
-``{"event": "ready"}``                        after loading the databases
+``{"event": "ready", "cpu_parity": b}``       after loading the databases and
+                                              setting the mode's switch
 ``{"event": "sample", "key": K, "index": i}`` before each sample (liveness,
                                               and where a crash happened)
 ``{"event": "result", "key": K, ...}``        the task's result
 
+``--mode`` (``parity`` or ``default``, see :mod:`.modes`) sets the device's
+``cpu_parity`` switch once, at start, and decides how values are compared.
 The runner owns timeouts and crashes: a worker that dies or falls silent has
 its current task recorded as ``crash`` / ``timeout`` and is replaced.
 """
@@ -32,6 +35,7 @@ def _open_channel():
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_ember.conformance.worker")
     parser.add_argument("--device", default="ember")
+    parser.add_argument("--mode", default="parity")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--extra-ops")
     parser.add_argument("--import", dest="imports", action="append", default=[])
@@ -51,11 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     device = torch.device(args.device)
 
-    from . import cases, modules
+    from . import cases, modes, modules
     from .tasks import Registry, Task, parse_dtype
 
+    cpu_parity = modes.apply(device.type, args.mode)
     registry = Registry(args.extra_ops)
-    send({"event": "ready", "pid": os.getpid()})
+    send({"event": "ready", "pid": os.getpid(), "mode": args.mode, "cpu_parity": cpu_parity})
 
     for line in sys.stdin:
         line = line.strip()
@@ -73,19 +78,36 @@ def main(argv: list[str] | None = None) -> int:
             send({"event": "sample", "key": key, "index": index, "input": summary})
 
         dtype = parse_dtype(task.dtype)
+        mode = args.mode
         try:
             if task.kind == "forward":
                 op = registry.ops[task.name]
                 result = cases.timed(
-                    cases.run_forward, op, dtype, task.variant, device, max_samples, progress
+                    cases.run_forward,
+                    op,
+                    dtype,
+                    task.variant,
+                    device,
+                    max_samples,
+                    progress,
+                    mode=mode,
                 )
             elif task.kind == "backward":
                 op = registry.ops[task.name]
-                result = cases.timed(cases.run_backward, op, dtype, device, max_samples, progress)
+                result = cases.timed(
+                    cases.run_backward, op, dtype, device, max_samples, progress, mode=mode
+                )
             else:
                 info = registry.modules[task.name]
                 result = cases.timed(
-                    modules.run_module, info, dtype, task.variant, device, max_samples, progress
+                    modules.run_module,
+                    info,
+                    dtype,
+                    task.variant,
+                    device,
+                    max_samples,
+                    progress,
+                    mode=mode,
                 )
         except Exception as error:  # noqa: BLE001 - reported as the task's result
             result = {
