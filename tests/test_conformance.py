@@ -31,34 +31,16 @@ _LSTM_ROUNDING = (
     "fused cell (csrc/ops/kernels/RecurrentCells.cpp) adds the two biases separately, "
     "so it equals CPU's unfused cell to rounding, not bit for bit"
 )
-_EMPTY_REDUCTION_GEMM = (
-    "ember's default fp32 GEMM leaves the result of an empty reduction (k = 0) "
-    "uninitialized instead of zero (addmm: instead of beta * self): a kernel bug, pinned "
-    "by tests/test_properties.py::test_empty_reduction_gemm_default_mode; whether the "
-    "sample fails depends on what the reused memory holds"
-)
 # mode -> task key -> cause. Each is a divergence of ember from CPU found by the kit.
 EXPECTED_FAILURES = {
     "parity": {
         f"modules|nn.LSTM|float32|{variant}": _LSTM_ROUNDING for variant in ("train", "eval")
     },
-    "default": {
-        key: _EMPTY_REDUCTION_GEMM
-        for key in (
-            "forward|addmm|float32|op",
-            "forward|addmm|float32|out",
-            "forward|matmul|float32|op",
-            "forward|matmul|float32|out",
-            "forward|mm|float32|op",
-            "forward|mm|float32|out",
-            "backward|mm|float32|grad",
-            "backward|nn.functional.linear|float32|grad",
-        )
-    },
+    "default": {},
 }
 # Expected failures that may pass by chance (uninitialized memory): not
 # reported as fixed. The strict xfail that pins the bug reports the fix.
-MAY_PASS = {"default": set(EXPECTED_FAILURES["default"])}
+MAY_PASS: dict[str, set[str]] = {}
 
 
 def _run(tmp_path, *args, out=None, jobs=2):

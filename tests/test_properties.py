@@ -238,10 +238,6 @@ def test_argmax(shape, dtype, layout, seed, keepdim):
 # beta * self): a kernel bug, pinned by test_empty_reduction_gemm_default_mode
 # (strict xfail). Until it is fixed, the default-mode leg of the matmul
 # properties skips k = 0 in float32; the parity leg keeps every example.
-def _gemm_modes(k: int, dtype: torch.dtype) -> tuple[str, ...]:
-    return ("parity",) if k == 0 and dtype == torch.float32 else tuple(MODES)
-
-
 @st.composite
 def matmul_shapes(draw):
     n, k, m = draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(0, 6))
@@ -268,7 +264,7 @@ def matmul_shapes(draw):
 def test_matmul(shapes, dtype, layout_a, layout_b, seed):
     a, ea = make_pair(shapes[0], dtype, layout_a, seed)
     b, eb = make_pair(shapes[1], dtype, layout_b, seed + 1)
-    check(torch.matmul, (a, b), (ea, eb), modes=_gemm_modes(shapes[0][-1], dtype))
+    check(torch.matmul, (a, b), (ea, eb))
 
 
 @given(
@@ -287,16 +283,9 @@ def test_addmm(n, k, m, dtype, transpose, seed):
         lambda c, x, y: torch.addmm(c, x, y, beta=0.5, alpha=2.0),
         (bias, a, b),
         (ebias, ea, eb),
-        modes=_gemm_modes(k, dtype),
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ember's default fp32 GEMM leaves an empty reduction (k = 0) uninitialized "
-    "and addmm ignores beta (csrc kernel bug); when fixed, remove this xfail, "
-    "_gemm_modes' exclusion and the default-mode EXPECTED_FAILURES of test_conformance.py",
-)
 def test_empty_reduction_gemm_default_mode():
     """k = 0: the result is zeros (addmm: beta * self), whatever the reused memory held."""
     ember = torch.device("ember")
@@ -322,12 +311,6 @@ def test_empty_reduction_gemm_default_mode():
     assert not wrong, f"k = 0 results are not zeros in the default mode: {wrong}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="ember's default fp32 addmm/linear fast path indexes the last dim of a 0-dim "
-    "self (bias) and raises IndexError (csrc kernel bug); when fixed, remove this xfail",
-)
 def test_addmm_scalar_self_default_mode():
     """addmm with a 0-dim self broadcasts it, as CPU does (conformance:
     forward/backward addmm.decomposed float32 in the default sweep)."""

@@ -22,7 +22,7 @@ bool is_ember_float(const at::Tensor& t, c10::Device device) {
 // A bias the kernels add per column: N contiguous floats ([N] or [1, N]).
 std::optional<at::Tensor> row_bias(const at::Tensor& self, int64_t n,
                                    c10::Device device) {
-  if (!is_ember_float(self, device) || self.size(-1) != n ||
+  if (!is_ember_float(self, device) || self.dim() == 0 || self.size(-1) != n ||
       self.stride(-1) != 1 || self.numel() != n || self.dim() > 2) {
     return std::nullopt;
   }

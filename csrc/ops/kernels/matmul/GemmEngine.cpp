@@ -60,7 +60,9 @@ Fp32Precision precision_for(const at::Tensor& a);
 
 // The libraries that can run this call under the current precision.
 std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
-  if (!onednn_supports(a)) return {Library::kAten};
+  // An empty inner dimension: oneDNN leaves the output unwritten, where the
+  // product is zero (and addmm's result beta * self).
+  if (!onednn_supports(a) || a.size(-1) == 0) return {Library::kAten};
   // oneDNN's single-row matmul with a summed bias (addmm, M == 1, K >= 2048)
   // writes hundreds of bytes past a scratch buffer it allocates (found with
   // EMBER_DEBUG_HEAP=1): single-row products stay on ATen's path, unless
