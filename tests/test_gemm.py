@@ -307,3 +307,28 @@ def test_linear_then_activation_eager_and_compiled(act, m):
         out = [compiled(xe) for _ in range(2)][-1]
     for result in (eager, out):
         torch.testing.assert_close(result.cpu(), ref, rtol=1e-5, atol=2e-5)
+
+
+def test_medium_precision_many_rows_uses_a_bf16_pack(capfd):
+    """Under "medium", GEMMs with more than 16 rows run oneDNN on a bf16 pack
+    of the weight: bf16 operands, fp32 accumulation, the product rounded to
+    bf16 (as ATen's bf16 GEMM returns it), the bias added in fp32."""
+    torch.manual_seed(11)
+    k, n, m = 200, 70, 64
+    lin = torch.nn.Linear(k, n).to(DEVICE)
+    x = torch.randn(m, k, device=DEVICE)
+    torch.set_float32_matmul_precision("medium")
+    with be.verbose(1):
+        for _ in range(2):
+            out = lin(x)
+    assert "onednn/bf16-packed" in capfd.readouterr().err
+    assert _packs()["bytes"] >= k * n * 2
+    xr = x.cpu().bfloat16().double()
+    wr = lin.weight.detach().cpu().bfloat16().double()
+    product = xr @ wr.t()
+    ref = product + lin.bias.detach().cpu().double()
+    bound = product.abs() * 2.0**-8 + k * EPS32 * (xr.abs() @ wr.abs().t()) + 1e-6
+    assert ((out.cpu().double() - ref).abs() <= bound).all()
+    torch.set_float32_matmul_precision("highest")
+    fp32 = [lin(x) for _ in range(2)][-1]
+    _check_fp32(fp32, x.cpu(), lin.weight.detach().cpu().t(), lin.bias.detach().cpu())

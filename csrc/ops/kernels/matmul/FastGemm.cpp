@@ -86,6 +86,8 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
         b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
   } else if (precision == Fp32Precision::kIeee) {
     plan.packed = packed_weight(b, PackKind::kOneDnn);
+  } else if (precision == Fp32Precision::kBf16) {
+    plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
   if (!plan.packed) return std::nullopt;
   return plan;
@@ -107,13 +109,23 @@ void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
 }
 
 at::Tensor run_onednn(const Plan& plan, const at::Tensor& a) {
+  const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
       [&](const at::Tensor& ca, const std::optional<at::Tensor>& cbias) {
-        return onednn_linear(ca, *plan.packed, cbias);
+        if (!bf16) return onednn_linear(ca, *plan.packed, cbias);
+        // "medium": bf16 operands, fp32 accumulation; the result comes back
+        // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
+        // fp32.
+        at::Tensor result =
+            onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
+                .to(at::kFloat);
+        if (cbias) result.add_(*cbias);
+        return result;
       },
       a, plan.bias);
-  observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     bf16 ? "onednn/bf16-packed" : "onednn/packed");
   return out;
 }
 
@@ -125,7 +137,7 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
                                       const at::Scalar& alpha) {
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return std::nullopt;
-  if (route->packed->kind == PackKind::kOneDnn) return run_onednn(*route, a);
+  if (route->packed->onednn.defined()) return run_onednn(*route, a);
   at::Tensor out;
   run_on_device(a.device().index(), [&] {
     out = at::empty({a.size(0), b.size(1)}, a.options());
@@ -150,7 +162,7 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   }
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return false;
-  if (route->packed->kind == PackKind::kOneDnn) {
+  if (route->packed->onednn.defined()) {
     const at::Tensor result = run_onednn(*route, a);
     run_on_device(a.device().index(),
                   [&] { const_cast<at::Tensor&>(out).copy_(result); });

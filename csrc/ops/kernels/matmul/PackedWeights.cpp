@@ -181,18 +181,20 @@ class PackCache {
                         ? PanelPackedF32::bytes(packed->k, packed->n)
                     : kind == PackKind::kPanelsBf16
                         ? PanelPackedBf16::bytes(packed->k, packed->n)
-                        : static_cast<size_t>(packed->k * packed->n) * 4;
+                        : static_cast<size_t>(packed->k * packed->n) *
+                              (kind == PackKind::kOneDnnBf16 ? 2 : 4);
     if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
     const float* data = b.const_data_ptr<float>();
     try {
-      if (kind == PackKind::kOneDnn) {
+      if (kind == PackKind::kOneDnn || kind == PackKind::kOneDnnBf16) {
         // oneDNN takes the N x K (Linear) view of B; its blocked copy is
         // allocated through the CPU allocator, so from this device's pool.
-        const at::Tensor weight = at::from_blob(
+        at::Tensor weight = at::from_blob(
             const_cast<float*>(data), {packed->n, packed->k},
             {b.stride(1), b.stride(0)}, at::TensorOptions().dtype(at::kFloat));
+        if (kind == PackKind::kOneDnnBf16) weight = weight.to(at::kBFloat16);
         static const auto reorder =
             c10::Dispatcher::singleton()
                 .findSchemaOrThrow("mkldnn::_reorder_linear_weight", "")

@@ -4,7 +4,8 @@
 // layout its kernel wants and reused on every later call:
 //
 //   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
-//   kOneDnn                   oneDNN's blocked weight for its packed matmul
+//   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 under
+//                             "medium") for its packed matmul
 //
 // Packs live in ember device memory (they count in memory_stats and the
 // memory limit), the cache is bounded in bytes (least recently used packs
@@ -22,7 +23,7 @@
 
 namespace ember::matmul {
 
-enum class PackKind : uint8_t { kPanelsF32, kPanelsBf16, kOneDnn };
+enum class PackKind : uint8_t { kPanelsF32, kPanelsBf16, kOneDnn, kOneDnnBf16 };
 
 // One packed copy of B (K x N).
 struct PackedWeight {
@@ -32,7 +33,7 @@ struct PackedWeight {
   int64_t n = 0;
   size_t bytes = 0;
   c10::DataPtr panels;  // kPanels*: ember memory
-  at::Tensor onednn;    // kOneDnn: oneDNN's blocked N x K weight
+  at::Tensor onednn;    // kOneDnn*: oneDNN's blocked N x K weight
 
   PanelPackedF32 f32() const;
   PanelPackedBf16 bf16() const;
