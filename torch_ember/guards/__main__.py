@@ -8,8 +8,9 @@ with the guard that failed, cache entries against the recompile limit, and
 advice. ``--json``/``--html`` also write the report in those formats.
 
 While the script runs, a ``sys.setprofile`` hook watches the frames of
-compiled code: it keeps the frame locals of each cache entry's first call
-(the guards are timed on them after the script ends) and times the frames.
+compiled code: at each cache entry's first call it times the entry's guards
+on that call's frame locals (the objects they just passed), and it counts and
+times the frames.
 The hook slows Python-heavy code down; its own cost per event is calibrated
 and subtracted from the frame times, and reported.
 """
@@ -25,8 +26,8 @@ import traceback
 from typing import Any
 
 from . import advice as _advice
-from .profiler import GuardProfile, collect
-from .recorder import FrameHook, RecompileLog
+from .profiler import GuardProfile, Profiler, _empty_check_us, collect
+from .recorder import RecompileLog
 
 
 def run_script(
@@ -34,7 +35,7 @@ def run_script(
 ) -> tuple[GuardProfile, int, dict[str, Any] | None]:
     """Runs ``script`` under the profiler. Returns (profile, exit code, the
     script's globals — kept alive until the report is built)."""
-    hook = FrameHook()
+    hook = Profiler(budget=budget, measure=measure, rounds=0).hook()
     event_ns = hook.calibrate()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
@@ -57,8 +58,7 @@ def run_script(
         sys.argv, sys.path[:] = saved_argv, saved_path
     script_s = time.perf_counter() - wall0
     wall1 = time.perf_counter()
-    codes = collect(hook, log, measure=measure, budget=budget, with_body=True)
-    overheads = [e.overhead_us for c in codes for e in c.entries if e.overhead_us is not None]
+    codes = collect(hook, log, with_body=True)
     profile = GuardProfile(
         mode="script",
         codes=codes,
@@ -66,7 +66,9 @@ def run_script(
         overhead={
             "hook_event_us": event_ns / 1000.0,
             "hook_events": float(hook.events),
-            "empty_guard_check_us": min(overheads) if overheads else 0.0,
+            "empty_guard_check_us": _empty_check_us(codes),
+            # Guard timing runs at each entry's first call, inside the script.
+            "timing_in_script_s": hook.first_call_ns / 1e9,
             "script_wall_s": script_s,
             "profiler_wall_s": 0.0,
         },

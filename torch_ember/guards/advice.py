@@ -16,12 +16,12 @@ if TYPE_CHECKING:
     from .profiler import CodeProfile, GuardProfile
 
 _SIZE = re.compile(
-    r"tensor '(?P<name>[^']+)' size mismatch at index (?P<dim>\d+)\. "
+    r"tensor '(?P<name>.+?)' size mismatch at index (?P<dim>\d+)\. "
     r"expected (?P<expected>\d+), actual (?P<actual>\d+)"
 )
 _SYMBOLIC_SIZE = re.compile(r"(?P<name>[A-Za-z_][\w\.\[\]'\"]*)\.size\(\)\[(?P<dim>\d+)\]")
 _TENSOR_PROPERTY = re.compile(
-    r"tensor '(?P<name>[^']+)' (?P<what>dtype|device|requires_grad|stride|dispatch key set)"
+    r"tensor '(?P<name>.+?)' (?P<what>dtype|device|requires_grad|stride|dispatch key set)"
     r" mismatch(?P<rest>.*)"
 )
 _CONSTANT = re.compile(
@@ -41,6 +41,9 @@ class Advice:
     message: str
     fix: str = ""
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # What following the advice is predicted to save, in words; the figures
+    # are in data["saving"] (compile_s, recompiles, guard_us_per_call).
+    saving: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -53,6 +56,135 @@ def _values(pairs: list[tuple[str, str]]) -> list[str]:
             if value not in out:
                 out.append(value)
     return out
+
+
+_KEYWORD = re.compile(r"^(?P<base>\w+)\[['\"](?P<key>\w+)['\"]\]$")
+_POSITIONAL = re.compile(r"^(?P<base>\w+)\[(?P<index>\d+)\]$")
+
+
+def _as_passed(name: str) -> tuple[str, str]:
+    """(variable to write in the fix, how the caller passes it) for a tensor
+    named as in a guard reason: ``kwargs['input_ids']`` is the tensor the
+    caller passes as ``input_ids=...`` through a ``**kwargs`` wrapper (every
+    transformers model), ``args[0]`` the first positional argument through
+    ``*args``, ``x`` the parameter ``x``."""
+    if match := _KEYWORD.match(name):
+        return match["key"], f"passed as {match['key']}=..."
+    if match := _POSITIONAL.match(name):
+        return f"arg{match['index']}", f"passed as positional argument {match['index']}"
+    return name, f"passed as `{name}`"
+
+
+def _changing_together(code: CodeProfile, name: str, dim: int) -> list[str]:
+    """Inputs whose dimension ``dim`` changed between cache entries exactly as
+    ``name``'s did (same size in every entry): they must be marked dynamic
+    together, or Dynamo specializes the marked dimension to the other's
+    constant size (and errors out)."""
+    shapes = [e.input_shapes for e in code.entries if name in e.input_shapes]
+    if len(shapes) < 2:
+        return [name]
+    sizes = [s[name][dim] if len(s[name]) > dim else None for s in shapes]
+    together = [name]
+    for other in shapes[0]:
+        if other == name or not all(other in s for s in shapes):
+            continue
+        other_sizes = [s[other][dim] if len(s[other]) > dim else None for s in shapes]
+        if other_sizes == sizes:
+            together.append(other)
+    return together
+
+
+def _compile_seconds(code: CodeProfile) -> dict[str, float]:
+    """Compile time of each cache entry of ``code`` (Dynamo's compilation
+    metrics, by compile id)."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        metrics = get_compilation_metrics()
+    except (ImportError, AttributeError):
+        return {}
+    ids = {e.compile_id for e in code.entries}
+    out: dict[str, float] = {}
+    for m in metrics:
+        if m.co_name == code.name and m.co_filename == code.filename and m.compile_id in ids:
+            seconds = getattr(m, "entire_frame_compile_time_s", None)
+            if seconds is not None:
+                out[str(m.compile_id)] = float(seconds)
+    return out
+
+
+def _recompile_saving(code: CodeProfile, recompiles: int) -> tuple[str, dict[str, Any]]:
+    """The compile time ``recompiles`` fewer recompiles save: the median
+    compile time of the entries that recompiles created (all but the first)."""
+    seconds = _compile_seconds(code)
+    later = [seconds[e.compile_id] for e in code.entries[1:] if e.compile_id in seconds]
+    data: dict[str, Any] = {"recompiles": recompiles, "cache_entries": recompiles}
+    if not later:
+        return f"{recompiles} recompile(s) and cache entr(ies) fewer", data
+    each = sorted(later)[len(later) // 2]
+    data["compile_s"] = round(each * recompiles, 3)
+    text = (
+        f"{recompiles} recompile(s) fewer: ~{each * recompiles:.2f} s of compiling"
+        f" ({each:.2f} s each, measured), and {recompiles} cache entr(ies) fewer to check"
+    )
+    return text, data
+
+
+def _dimension_advice(
+    code: CodeProfile, name: str, dim: int, count: int, values: list[str], zero_one: bool
+) -> Advice:
+    seen = f" (sizes seen: {', '.join(values)})" if values else ""
+    saving, saving_data = _recompile_saving(code, count)
+    data: dict[str, Any] = {"tensor": name, "dim": dim, "recompiles": count, "sizes": values}
+    data["saving"] = saving_data
+    if "past_key_values" in name or "cache" in name.lower():
+        # The KV cache grows by one position per generated token.
+        return Advice(
+            kind="dynamic_dimension",
+            severity="medium",
+            where=code.location,
+            message=(
+                f"dimension {dim} of `{name}` (the KV cache length) grows during generation"
+                f"{seen}: {count} recompile(s) until Dynamo makes it dynamic."
+            ),
+            fix=(
+                "use a static cache, so that every decode step has the same shapes:"
+                " model.generate(..., cache_implementation='static')"
+            ),
+            data=data,
+            saving=saving,
+        )
+    together = _changing_together(code, name, dim)
+    variables = [_as_passed(n) for n in together]
+    data["keyword"] = _KEYWORD.match(name)["key"] if _KEYWORD.match(name) else None
+    data["mark_together"] = together
+    marks = "; ".join(f"torch._dynamo.mark_dynamic({var}, {dim})" for var, _ in variables)
+    passed = ", ".join(f"`{var}` {how}" for var, how in variables)
+    fix = f"{marks}  # {passed}; before the first compiled call"
+    extra = ""
+    if zero_one or any(v in ("0", "1") for v in values):
+        first = variables[0][0]
+        extra = (
+            " Sizes 0 and 1 are specialized even for dynamic dimensions: if they occur, use"
+            f" torch._dynamo.decorators.mark_unbacked({first}, {dim}) instead."
+        )
+    also = ""
+    if len(together) > 1:
+        others = ", ".join(f"`{n}`" for n in together[1:])
+        also = f" {others} changed with it in every entry: mark them together."
+    return Advice(
+        kind="dynamic_dimension",
+        severity="high" if count >= 2 else "medium",
+        where=code.location,
+        message=(
+            f"dimension {dim} of `{name}` ({variables[0][1]}) keeps changing{seen}:"
+            f" {count} recompile(s).{also} Mark it dynamic so that one graph serves every"
+            f" size, or compile with dynamic=True.{extra}"
+        ),
+        fix=fix,
+        data=data,
+        saving=saving,
+    )
 
 
 def _recompile_advice(code: CodeProfile) -> list[Advice]:
@@ -104,31 +236,9 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
     out = []
     for (name, dim), pairs in sorted(dims.items(), key=lambda kv: -len(dim_events[kv[0]])):
         count = len(dim_events[(name, dim)])
-        if count == 0:
-            continue
-        values = _values(pairs)
-        seen = f" (sizes seen: {', '.join(values)})" if values else ""
-        fix = f"torch._dynamo.mark_dynamic({name}, {dim})  # before the first compiled call"
-        extra = ""
-        if (name, dim) in zero_one or any(v in ("0", "1") for v in values):
-            extra = (
-                " Sizes 0 and 1 are specialized even for dynamic dimensions: if they occur, use"
-                f" torch._dynamo.decorators.mark_unbacked({name}, {dim}) instead."
-            )
-        out.append(
-            Advice(
-                kind="dynamic_dimension",
-                severity="high" if count >= 2 else "medium",
-                where=where,
-                message=(
-                    f"dimension {dim} of `{name}` keeps changing{seen}: {count} recompile(s)."
-                    f" Mark it dynamic so that one graph serves every size, or compile with"
-                    f" dynamic=True.{extra}"
-                ),
-                fix=fix,
-                data={"tensor": name, "dim": dim, "recompiles": count, "sizes": values},
-            )
-        )
+        if count:
+            values = _values(pairs)
+            out.append(_dimension_advice(code, name, dim, count, values, (name, dim) in zero_one))
     for name, values in constants.items():
         is_float = any(("." in v or "e" in v or v in ("inf", "nan")) for v in values)
         attribute = "." in name or "[" in name
@@ -216,6 +326,11 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
                 data={"reason": reason, "recompiles": count},
             )
         )
+    for item in out:
+        # Every recompile-caused item predicts the compile time it saves.
+        recompiles = item.data.get("recompiles", len(item.data.get("values", [])))
+        if not item.saving and recompiles:
+            item.saving, item.data["saving"] = _recompile_saving(code, recompiles)
     entries = len(code.entries)
     if code.ran_eagerly:
         out.append(
@@ -269,7 +384,7 @@ def _cost_advice(profile: GuardProfile, code: CodeProfile) -> list[Advice]:
         assert entry.guard_us is not None and entry.module_guard_us is not None
         if entry.module_guard_us < 0.5 or entry.module_guard_us < 0.3 * entry.guard_us:
             continue
-        share = profile.call_us and entry.guard_us / profile.call_us
+        share = profile.call_us and entry.module_guard_us / profile.call_us
         severity = "high" if share and share >= 0.05 else "medium"
         share_text = f" ({100 * share:.1f}% of the call)" if share else ""
         out.append(
@@ -292,7 +407,12 @@ def _cost_advice(profile: GuardProfile, code: CodeProfile) -> list[Advice]:
                     "module_guard_us": round(entry.module_guard_us, 4),
                     "guard_us": round(entry.guard_us, 4),
                     "module_guard_count": entry.module_guard_count,
+                    "saving": {"guard_us_per_call": round(entry.module_guard_us, 4)},
                 },
+                saving=(
+                    f"~{entry.module_guard_us:.2f} us of guard time per call{share_text}"
+                    f" ({entry.module_guard_count} guards fewer)"
+                ),
             )
         )
     return out
@@ -306,6 +426,8 @@ def _graph_break_advice(profile: GuardProfile) -> list[Advice]:
         return []
     guard_us = profile.guard_us
     names = ", ".join(code.name for code in ran)
+    per_code = [sum(e.guard_us or 0.0 for e in code.entries if e.calls) for code in ran]
+    extra = round(sum(per_code) - max(per_code), 4)
     return [
         Advice(
             kind="graph_breaks",
@@ -316,7 +438,11 @@ def _graph_break_advice(profile: GuardProfile) -> list[Advice]:
                 f" and each frame checks its own guards ({guard_us:.2f} us per call in all)."
             ),
             fix="remove the graph breaks (torch._dynamo.explain, or fullgraph=True to find them)",
-            data={"frames": [code.name for code in ran]},
+            data={"frames": [code.name for code in ran], "saving": {"guard_us_per_call": extra}},
+            saving=(
+                f"up to {extra:.2f} us of guard time per call (the guards of every frame"
+                " but the busiest; the merged frame keeps the guards it needs)"
+            ),
         )
     ]
 

@@ -26,6 +26,7 @@ from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import orig_code_map
 
 from . import advice as _advice
+from .breakdown import Breakdown, peel
 from .recorder import FrameHook, RecompileEvent, RecompileLog
 from .timing import GuardTimer, loop_overhead_ns, module_guard_cost, time_per_call_ns, time_subtrees
 from .tree import GuardNode, build_tree, count_by_kind
@@ -49,6 +50,9 @@ class EntryProfile:
     # tell cache entries apart), timed like guard_us.
     diff_guard_us: float | None = None
     measured_nodes: int = 0
+    breakdown: Breakdown | None = None  # guard time by kind and by source
+    # Shapes of the tensor inputs at the entry's first recorded call.
+    input_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     note: str = ""
 
     @property
@@ -89,6 +93,8 @@ class EntryProfile:
             "body_us": _round(self.body_us),
             "diff_guard_us": _round(self.diff_guard_us),
             "measured_subtrees": self.measured_nodes,
+            "breakdown": None if self.breakdown is None else self.breakdown.to_dict(),
+            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "expensive_subtrees": [
                 {"source": n.source, "time_us": _round(n.time_us), "guard_count": n.guard_count}
                 for n in self.expensive()
@@ -228,42 +234,85 @@ def _original_code(code: CodeType) -> CodeType | None:
     return orig_code_map.get(code)
 
 
-def _entry_profile(
-    entry: Any,
-    position: int,
-    stats: Any,
-    *,
-    measure: bool,
-    budget: int,
-    with_body: bool,
+def _cache_entry_of(code: CodeType) -> tuple[Any, int] | None:
+    """(cache entry, position) whose compiled code is ``code``."""
+    original = _original_code(code)
+    if original is None:
+        return None
+    for position, entry in enumerate(_debug_get_cache_entry_list(original)):
+        if entry.code is code:
+            return entry, position
+    return None
+
+
+def measure_entry(
+    entry: Any, f_locals: dict[str, Any], *, budget: int, breakdown: bool = True
 ) -> EntryProfile:
+    """Times the guards of cache ``entry`` on ``f_locals``, the locals of a
+    call those guards have just passed (see :class:`FrameHook`): whole tree,
+    the most expensive subtrees, the nn.Module guards, the differentiating
+    guards, and the breakdown by kind and by source."""
     root = entry.guard_manager.root
     tree = build_tree(root)
-    profile = EntryProfile(compile_id=str(entry.compile_id), position=position, tree=tree)
+    profile = EntryProfile(compile_id=str(entry.compile_id), position=-1, tree=tree)
+    if not root.check(f_locals):
+        failed = "; ".join(root.check_verbose(f_locals).verbose_code_parts)
+        profile.note = f"guards fail on the locals of the call ({failed}): not timed"
+        return profile
+    timer = GuardTimer(f_locals)
+    profile.overhead_us = timer.overhead_us
+    profile.raw_us = timer.raw_us(root)
+    profile.guard_us = max(0.0, profile.raw_us - timer.overhead_us)
+    tree.time_us = profile.guard_us
+    if breakdown:
+        profile.breakdown = peel(root, tree, timer, profile.raw_us)
+    profile.measured_nodes = time_subtrees(root, tree, timer, budget=budget)
+    profile.module_guard_us, profile.module_guard_count = module_guard_cost(root, tree, timer)
+    diff_root = getattr(entry.guard_manager, "diff_guard_root", None)
+    if diff_root is not None and diff_root.check(f_locals):
+        profile.diff_guard_us = timer.time_us(diff_root)
+    return profile
+
+
+def call_time_measurer(
+    *, budget: int, breakdown: bool = True
+) -> Callable[[CodeType, dict[str, Any]], EntryProfile | None]:
+    """The ``on_first_call`` of a :class:`FrameHook` that measures the entry
+    whose compiled code starts running, on the locals it was called with."""
+
+    def measure(code: CodeType, f_locals: dict[str, Any]) -> EntryProfile | None:
+        found = _cache_entry_of(code)
+        if found is None:
+            return None
+        return measure_entry(found[0], f_locals, budget=budget, breakdown=breakdown)
+
+    return measure
+
+
+def _entry_profile(entry: Any, position: int, stats: Any, *, with_body: bool) -> EntryProfile:
+    measured = stats.measured if stats is not None else None
+    if isinstance(measured, EntryProfile) and measured.compile_id == str(entry.compile_id):
+        profile = measured
+        # Failure counts grow after the call that measured the entry.
+        fresh = build_tree(entry.guard_manager.root)
+        for node, now in zip(profile.tree.walk(), fresh.walk()):
+            node.fail_count = now.fail_count
+    else:
+        profile = EntryProfile(
+            compile_id=str(entry.compile_id), position=position,
+            tree=build_tree(entry.guard_manager.root),
+        )  # fmt: skip
+        if stats is None:
+            profile.note = "not run while profiling"
+        elif isinstance(measured, Exception):
+            profile.note = f"not timed: {type(measured).__name__}: {measured}"
+    profile.position = position
     if stats is None:
-        profile.note = "not run while profiling"
         return profile
     profile.calls = stats.calls
+    profile.input_shapes = dict(stats.input_shapes)
     if with_body and stats.calls and stats.body_ns:
         profile.body_us = stats.body_ns / stats.calls / 1000.0
-    f_locals = stats.f_locals
-    if not measure or f_locals is None:
-        return profile
-    with torch.set_grad_enabled(stats.grad_enabled):
-        if not root.check(f_locals):
-            failed = "; ".join(root.check_verbose(f_locals).verbose_code_parts)
-            profile.note = f"guards fail on the recorded frame locals now ({failed}): not timed"
-            return profile
-        timer = GuardTimer(f_locals)
-        profile.overhead_us = timer.overhead_us
-        profile.raw_us = timer.raw_us(root)
-        profile.guard_us = max(0.0, profile.raw_us - timer.overhead_us)
-        tree.time_us = profile.guard_us
-        profile.measured_nodes = time_subtrees(root, tree, timer, budget=budget)
-        profile.module_guard_us, profile.module_guard_count = module_guard_cost(root, tree, timer)
-        diff_root = getattr(entry.guard_manager, "diff_guard_root", None)
-        if diff_root is not None and diff_root.check(f_locals):
-            profile.diff_guard_us = timer.time_us(diff_root)
     return profile
 
 
@@ -272,12 +321,11 @@ def collect(
     log: RecompileLog,
     *,
     only_seen: bool = False,
-    measure: bool = True,
-    budget: int = 48,
     with_body: bool = False,
     extra_codes: tuple[CodeType, ...] = (),
 ) -> list[CodeProfile]:
-    """Builds the per-code records from what ``hook`` and ``log`` saw.
+    """Builds the per-code records from what ``hook`` and ``log`` saw (the
+    guard timings were taken by the hook's ``on_first_call``, if it had one).
 
     ``only_seen``: keep only code objects whose compiled frames ran under the
     hook or that recompiled since ``log`` started (the :func:`profile` case);
@@ -304,11 +352,7 @@ def collect(
         entries = []
         for position, entry in enumerate(_debug_get_cache_entry_list(code)):
             stats = stats_by_code.get(entry.code)
-            entries.append(
-                _entry_profile(
-                    entry, position, stats, measure=measure, budget=budget, with_body=with_body
-                )
-            )
+            entries.append(_entry_profile(entry, position, stats, with_body=with_body))
         entries.sort(key=lambda e: _compile_order(e.compile_id))
         events = log.events(code)
         limit_hit = log.limit_hit(code)
@@ -358,48 +402,62 @@ class Profiler:
     ``budget``: subtrees timed per cache entry. ``warmup``: plain calls made
     before recording (the first one compiles). ``measure``: time the guards
     (otherwise only structure and recompiles). ``rounds``: alternations of
-    the whole-call timing with and without guard evaluation."""
+    the whole-call timing with and without guard evaluation (0: no whole-call
+    timing). ``breakdown``: guard time by kind and by source (see
+    :mod:`~torch_ember.guards.breakdown`)."""
 
-    def __init__(self, *, budget: int = 48, warmup: int = 1, measure: bool = True, rounds: int = 4):
+    def __init__(
+        self,
+        *,
+        budget: int = 48,
+        warmup: int = 1,
+        measure: bool = True,
+        rounds: int = 4,
+        breakdown: bool = True,
+    ):
         self.budget = budget
         self.warmup = warmup
         self.measure = measure
         self.rounds = rounds
+        self.breakdown = breakdown
+
+    def hook(self) -> FrameHook:
+        """A frame hook that times each entry's guards at its first call."""
+        if not self.measure:
+            return FrameHook()
+        return FrameHook(
+            on_first_call=call_time_measurer(budget=self.budget, breakdown=self.breakdown)
+        )
 
     def profile(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> GuardProfile:
         wall0 = time.perf_counter()
         with RecompileLog() as log:
             for _ in range(self.warmup):
                 fn(*args, **kwargs)
-            hook = FrameHook()
+            hook = self.hook()
             with hook:
                 fn(*args, **kwargs)
-        call_ns, skipped_ns = _call_times(
-            lambda: fn(*args, **kwargs), self.rounds, skip=bool(hook.stats)
-        )
+        call_ns: float | None = None
+        skipped_ns: float | None = None
+        if self.rounds > 0:
+            call_ns, skipped_ns = _call_times(
+                lambda: fn(*args, **kwargs), self.rounds, skip=bool(hook.stats)
+            )
         loop_ns = loop_overhead_ns()
-        codes = collect(
-            hook,
-            log,
-            only_seen=True,
-            measure=self.measure,
-            budget=self.budget,
-            extra_codes=_target_codes(fn),
-        )
+        codes = collect(hook, log, only_seen=True, extra_codes=_target_codes(fn))
         for code in codes:
             if code.entries and not any(e.calls for e in code.entries):
                 code.ran_eagerly = True
-        overheads = [e.overhead_us for c in codes for e in c.entries if e.overhead_us is not None]
         result = GuardProfile(
             mode="profile",
             codes=codes,
-            call_us=max(0.0, call_ns - loop_ns) / 1000.0,
+            call_us=None if call_ns is None else max(0.0, call_ns - loop_ns) / 1000.0,
             call_skip_guards_us=(
                 None if skipped_ns is None else max(0.0, skipped_ns - loop_ns) / 1000.0
             ),
             overhead={
                 "timing_loop_us": loop_ns / 1000.0,
-                "empty_guard_check_us": min(overheads) if overheads else 0.0,
+                "empty_guard_check_us": _empty_check_us(codes),
                 "profiler_wall_s": 0.0,
             },
             target=_describe(fn),
@@ -407,6 +465,11 @@ class Profiler:
         result.advice = _advice.advise(result)
         result.overhead["profiler_wall_s"] = time.perf_counter() - wall0
         return result
+
+
+def _empty_check_us(codes: list[CodeProfile]) -> float:
+    overheads = [e.overhead_us for c in codes for e in c.entries if e.overhead_us is not None]
+    return min(overheads) if overheads else 0.0
 
 
 def _call_times(call: Callable[[], Any], rounds: int, skip: bool) -> tuple[float, float | None]:

@@ -9,9 +9,13 @@
   ``torch._dynamo.convert_frame``; :class:`RecompileLog` catches it.
 * Frames. :class:`FrameHook` is a ``sys.setprofile`` hook that notices when a
   frame of Dynamo-generated code (the code a cache entry runs) starts and ends:
-  it keeps the frame locals of its first call (what the guards of that entry
-  were checked against), counts calls and times the frame body. Its own cost
-  per profiling event is calibrated and subtracted from the body times.
+  it counts calls and times the frame body (its own cost per profiling event
+  is calibrated and subtracted). At the first call of each entry it records
+  the shapes of the tensor inputs and hands the frame locals to
+  ``on_first_call`` *right then*: the guards of that entry have just passed on
+  exactly those objects. Measuring later on kept locals is wrong for real
+  models: a transformers ``**kwargs`` wrapper adds keys to its ``kwargs``
+  dict during the call, a KV cache grows, and the guards no longer pass.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, Self
 
@@ -159,8 +164,31 @@ class RecompileLog:
 class FrameStats:
     calls: int = 0
     body_ns: float = 0.0
-    f_locals: dict[str, Any] | None = None
+    f_locals: dict[str, Any] | None = None  # of the first call (kept only if asked)
     grad_enabled: bool = True  # grad mode at that call (part of the GLOBAL_STATE guard)
+    # Shapes of the tensor inputs at the first call, by the name Dynamo's
+    # recompile reasons use: "x", "kwargs['input_ids']", "args[0]".
+    input_shapes: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    # What ``on_first_call`` returned (the profiler: the measured entry).
+    measured: Any = None
+
+
+def input_shapes(f_locals: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Shapes of the tensors among the frame locals and one level inside the
+    ``*args`` tuple / ``**kwargs`` dict, named as in Dynamo's guard reasons."""
+    out: dict[str, tuple[int, ...]] = {}
+    for name, value in f_locals.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = tuple(value.shape)
+        elif type(value) is dict:
+            for key, item in value.items():
+                if isinstance(key, str) and isinstance(item, torch.Tensor):
+                    out[f"{name}[{key!r}]"] = tuple(item.shape)
+        elif type(value) in (tuple, list):
+            for index, item in enumerate(value):
+                if isinstance(item, torch.Tensor):
+                    out[f"{name}[{index}]"] = tuple(item.shape)
+    return out
 
 
 def _generated_code_ids() -> set[int]:
@@ -170,8 +198,14 @@ def _generated_code_ids() -> set[int]:
 class FrameHook:
     """``sys.setprofile`` hook watching frames of Dynamo-generated code."""
 
-    def __init__(self, keep_locals: bool = True) -> None:
+    def __init__(
+        self,
+        keep_locals: bool = False,
+        on_first_call: Callable[[CodeType, dict[str, Any]], Any] | None = None,
+    ) -> None:
         self.keep_locals = keep_locals
+        self.on_first_call = on_first_call
+        self.first_call_ns = 0  # time spent in on_first_call (not in any frame time)
         self.stats: dict[CodeType, FrameStats] = {}
         self.events = 0
         self._open: list[tuple[FrameType, int, int]] = []
@@ -187,9 +221,7 @@ class FrameHook:
                 stats = self.stats.get(code)
                 if stats is None:
                     stats = self.stats[code] = FrameStats()
-                if stats.f_locals is None and self.keep_locals:
-                    stats.f_locals = dict(frame.f_locals)
-                    stats.grad_enabled = torch.is_grad_enabled()
+                    _outside_dynamo(self._first_call)(code, frame, stats)
                 stats.calls += 1
                 self._open.append((frame, self.events, time.perf_counter_ns()))
         elif event == "return" and self._open and self._open[-1][0] is frame:
@@ -198,6 +230,21 @@ class FrameHook:
             inner_events = self.events - events_at_start
             correction = inner_events * self.event_cost_ns
             self.stats[frame.f_code].body_ns += max(0.0, elapsed - correction)
+
+    def _first_call(self, code: CodeType, frame: FrameType, stats: FrameStats) -> None:
+        t0 = time.perf_counter_ns()
+        f_locals = dict(frame.f_locals)
+        stats.grad_enabled = torch.is_grad_enabled()
+        stats.input_shapes = input_shapes(f_locals)
+        if self.keep_locals:
+            stats.f_locals = f_locals
+        if self.on_first_call is not None:
+            # Profiling must never break the program it watches.
+            try:
+                stats.measured = self.on_first_call(code, f_locals)
+            except Exception as exc:  # noqa: BLE001
+                stats.measured = exc
+        self.first_call_ns += time.perf_counter_ns() - t0
 
     def calibrate(self, n: int = 20000) -> float:
         """Cost of one profiling event (call or return) seen by this hook."""
@@ -235,3 +282,10 @@ class FrameHook:
 
 def _noop() -> None:
     return None
+
+
+def _outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with Dynamo's frame evaluation off: the hook fires while a
+    compiled call is in progress, where Dynamo would otherwise try to compile
+    the profiler's own functions."""
+    return torch._dynamo.disable(fn, recursive=True)

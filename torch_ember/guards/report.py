@@ -100,7 +100,9 @@ def _entry_text(entry: EntryProfile, top: int, out: list[str]) -> None:
     if entry.note:
         out.append(f"    note: {entry.note}")
     kinds = ", ".join(f"{k} {v}" for k, v in entry.counts.items())
-    out.append(f"    by kind: {kinds}")
+    out.append(f"    guards by kind: {kinds}")
+    if entry.breakdown is not None:
+        _breakdown_text(entry, out)
     if entry.body_us is not None:
         out.append(f"    compiled frame body: {_us(entry.body_us)}/call")
     if entry.module_guard_us is not None and entry.module_guard_count:
@@ -114,6 +116,24 @@ def _entry_text(entry: EntryProfile, top: int, out: list[str]) -> None:
             out.append(
                 f"      {_us(node.time_us):>12}  {node.guard_count:5d} guards  {node.source}"
             )
+
+
+def _breakdown_text(entry: EntryProfile, out: list[str]) -> None:
+    breakdown = entry.breakdown
+    assert breakdown is not None
+    by_kind = sorted(breakdown.by_kind.items(), key=lambda kv: -kv[1])
+    out.append(
+        f"    guard time by kind ({breakdown.steps} peeling steps, each +-noise; sum"
+        f" {breakdown.total_us:.3f} us): " + ", ".join(f"{kind} {us:.2f}" for kind, us in by_kind)
+    )
+    by_source = sorted(breakdown.by_source.items(), key=lambda kv: -kv[1])
+    out.append(
+        "    guard time by source: "
+        + ", ".join(
+            f"{group} {us:.2f} us ({breakdown.guards_by_source.get(group, 0)} guards)"
+            for group, us in by_source
+        )
+    )
 
 
 def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
@@ -177,6 +197,8 @@ def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
             out.append(f"  [{item.severity}] {item.where}: {item.message}")
             if item.fix:
                 out.append(f"      fix: {item.fix}")
+            if item.saving:
+                out.append(f"      saves: {item.saving}")
     else:
         out.append("Advice: none (no recompiles, no guard cost worth cutting)")
     return "\n".join(out) + "\n"
@@ -235,6 +257,7 @@ def to_html(profile: GuardProfile) -> str:
                 f'<li class="adv-{item.severity}"><b>[{item.severity}]</b> {esc(item.where)}:'
                 f" {esc(item.message)}"
                 + (f"<br><code>{esc(item.fix)}</code>" if item.fix else "")
+                + (f"<br>saves: {esc(item.saving)}" if item.saving else "")
                 + "</li>"
             )
         parts.append("</ul>")
