@@ -1,43 +1,49 @@
-"""Guard time per call before and after ``torch_ember.guards.optimize``.
+"""Guard cost per call before and after ``torch_ember.guards.optimize``, on a
+synthetic module-heavy model and on transformers models.
 
-The model is the worst case for guards: deep nesting of small modules
-(residual blocks of Linear + LayerNorm + GELU, each wrapped in modules with a
-float attribute, nested ``--depth`` levels, ``--blocks`` of them in a row),
-with tiny tensors so that the compiled graph is cheap and guards are a
-visible share of a call.
+Models (``--models``, default all):
 
-Rows: "guard us/call" is the isolated guard check (``RootGuardManager.check``
-on the recorded frame locals, warm caches, profiler overhead subtracted);
-"guards in call us" is the cost inside the real call: call time minus the
-call time under ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``,
-plus the differentiating guards that still run there ("guards skipped" row:
-that call time). The second includes cache misses the call causes, and the
-noise of a difference of two call times.
+* ``synthetic``: the worst case for guards, deep nesting of small modules
+  (residual blocks of Linear + LayerNorm + GELU, each wrapped in modules with
+  a float attribute, nested ``--depth`` levels, ``--blocks`` of them), tiny
+  tensors so that guards are a visible share of a call;
+* ``bert``: ``BertModel`` (2 layers, hidden 64), called with keyword
+  arguments through transformers' ``**kwargs`` wrapper, batch 1, 32 tokens;
+* ``vit``: ``ViTModel`` (2 layers, hidden 64, 32x32 image, patch 8);
+* ``gpt2-decode``: ``GPT2LMHeadModel`` (2 layers, hidden 64) in greedy
+  ``generate()`` with a KV cache, its forward compiled: per new token.
 
-Method: ``optimize`` compiles the model twice through wrappers of its own
-(plain ``torch.compile`` = *before*; nn.Module guards skipped and free
-tensors installed = *after*) and checks the outputs bitwise. The benchmark
-then profiles *before* and *after* alternately for ``--rounds`` rounds with
-the guard profiler (guard time: ``RootGuardManager.check`` on the frame
-locals of a real call, minimum over batches, minus the cost of checking an
-empty guard manager; whole call: the compiled call in a loop, minus the loop)
-and reports medians. Every figure is measured in this run; the cut is a ratio
-of two figures of the same run.
+All transformers models are built from configs with random weights (no
+download). Rows: "guards" is the guard count of the entry that serves the
+call (the decode step for generate); "guard us" the isolated guard check of
+that call (``RootGuardManager.check`` on the frame locals of a real call,
+timed at the call, profiler overhead subtracted; for decode: all guards of
+one ``generate()`` per new token); "share" guard time / whole call (per
+token); "whole call" the median per call (per token) before -> after,
+measured interleaved over ``--rounds`` rounds with the interquartile range,
+and the verdict of :func:`torch_ember.guards.compare_calls` ("no measurable
+change" when the 95% interval of the paired difference covers zero);
+"identical": outputs (tokens) bitwise equal to plain ``torch.compile``.
+Every figure is measured in this run.
 
-Target: guard time per call cut by >= 50% with identical outputs.
+Target (``--check``): guard time per call cut by >= 50% on every model, with
+identical outputs.
 
-    python benchmarks/guards.py [--device cpu|ember] [--backend B] [--depth 4]
-                                [--blocks 6] [--rounds 5] [--threads 1] [--json PATH] [--check]
+    python benchmarks/guards.py [--models synthetic,bert,vit,gpt2-decode]
+        [--device cpu|ember] [--backend B] [--rounds 15] [--threads 1]
+        [--json PATH] [--markdown PATH] [--check]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
 import platform
-import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -45,6 +51,7 @@ import torch_ember  # noqa: F401  (registers the ember device)
 from torch_ember import guards
 
 TARGET_CUT = 0.5
+MODELS = ("synthetic", "bert", "vit", "gpt2-decode")
 
 
 class Scaled(torch.nn.Module):
@@ -89,8 +96,202 @@ class ModuleHeavy(torch.nn.Module):
         return self.head(x)
 
 
+@dataclasses.dataclass
+class Row:
+    model: str
+    description: str
+    unit: str  # "call" or "token"
+    guards_before: int
+    guards_after: int
+    guard_us_before: float
+    guard_us_after: float
+    whole: guards.CallComparison
+    identical: bool
+    compile_s: float
+
+    @property
+    def cut(self) -> float:
+        return 1.0 - self.guard_us_after / self.guard_us_before if self.guard_us_before else 0.0
+
+    @property
+    def share_before(self) -> float:
+        return self.guard_us_before / self.whole.before_median_us
+
+    @property
+    def share_after(self) -> float:
+        return self.guard_us_after / self.whole.after_median_us
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["whole"] = self.whole.to_dict()
+        out.update(cut=self.cut, share_before=self.share_before, share_after=self.share_after)
+        return out
+
+
+def _serving_entry(profile: guards.GuardProfile) -> guards.EntryProfile:
+    return max(profile.hit_entries, key=lambda e: e.calls)
+
+
+def _one_call_row(name: str, description: str, model, args, kwargs, opts) -> Row:
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        fast = guards.optimize(
+            model, args, example_kwargs=kwargs, backend=opts.backend, rounds=opts.rounds,
+            profiler=guards.Profiler(budget=0, rounds=0, breakdown=False),
+        )  # fmt: skip
+    result = fast.guard_report
+    assert result.whole_call is not None
+    return Row(
+        model=name,
+        description=description,
+        unit="call",
+        guards_before=_serving_entry(result.before).guard_count,
+        guards_after=_serving_entry(result.after).guard_count,
+        guard_us_before=result.guard_us_before,
+        guard_us_after=result.guard_us_after,
+        whole=result.whole_call,
+        identical=result.outputs_equal,
+        compile_s=time.perf_counter() - t0,
+    )
+
+
+def synthetic_row(opts) -> Row:
+    model = ModuleHeavy(opts.dim, opts.blocks, opts.depth).to(opts.device).eval()
+    x = torch.randn(opts.batch, opts.dim, device=opts.device)
+    modules = sum(1 for _ in model.modules())
+    description = (
+        f"{modules} modules ({opts.blocks} blocks, nesting depth {opts.depth}),"
+        f" input {tuple(x.shape)}"
+    )
+    return _one_call_row("synthetic", description, model, (x,), {}, opts)
+
+
+def bert_row(opts) -> Row:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128
+    )
+    model = BertModel(config).to(opts.device).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 32), device=opts.device)
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    description = "BertModel, 2 layers, hidden 64; called as model(input_ids=, attention_mask=)"
+    return _one_call_row("bert", description + ", 1x32 tokens", model, (), kwargs, opts)
+
+
+def vit_row(opts) -> Row:
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        image_size=32, patch_size=8,
+    )  # fmt: skip
+    model = ViTModel(config).to(opts.device).eval()
+    pixels = torch.randn(1, 3, 32, 32, device=opts.device)
+    description = "ViTModel, 2 layers, hidden 64, 32x32 image, patch 8; model(pixel_values=)"
+    return _one_call_row("vit", description, model, (), {"pixel_values": pixels}, opts)
+
+
+def gpt2_decode_row(opts) -> Row:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_embd=64, n_layer=2, n_head=2, vocab_size=1000, n_positions=256,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = GPT2LMHeadModel(config).to(opts.device).eval()
+    prompt = torch.randint(1, config.vocab_size, (1, 8), device=opts.device)
+    t0 = time.perf_counter()
+    result = guards.optimize_generate(
+        model, prompt, max_new_tokens=opts.new_tokens, backend=opts.backend,
+        rounds=max(5, opts.rounds // 2), pad_token_id=0,
+        profiler=guards.Profiler(budget=0, rounds=0, breakdown=False),
+    )  # fmt: skip
+    return Row(
+        model="gpt2-decode",
+        description=(
+            f"GPT2LMHeadModel, 2 layers, hidden 64; greedy generate(), prompt 8,"
+            f" {opts.new_tokens} new tokens, KV cache; forward compiled"
+        ),
+        unit="token",
+        guards_before=_serving_entry(result.before).guard_count,
+        guards_after=_serving_entry(result.after).guard_count,
+        guard_us_before=result.guard_us_per_token_before,
+        guard_us_after=result.guard_us_per_token_after,
+        whole=result.per_token,
+        identical=result.tokens_equal and result.tokens_equal_eager,
+        compile_s=time.perf_counter() - t0,
+    )
+
+
+BUILDERS = {
+    "synthetic": synthetic_row,
+    "bert": bert_row,
+    "vit": vit_row,
+    "gpt2-decode": gpt2_decode_row,
+}
+
+
+def _table(rows: list[Row]) -> list[str]:
+    lines = [
+        (
+            "| model | per | guards | guard us | share | whole call, median (IQR) | verdict |"
+            " identical |"
+        ),
+        "| --- | --- | ---: | ---: | ---: | --- | --- | --- |",
+    ]
+    for row in rows:
+        w = row.whole
+        b_iqr, a_iqr = w.to_dict()["before_iqr_us"], w.to_dict()["after_iqr_us"]
+        lines.append(
+            f"| {row.model} | {row.unit} | {row.guards_before} -> {row.guards_after}"
+            f" | {row.guard_us_before:.2f} -> {row.guard_us_after:.2f} (-{100 * row.cut:.0f}%)"
+            f" | {100 * row.share_before:.1f}% -> {100 * row.share_after:.1f}%"
+            f" | {w.before_median_us:.0f} ({b_iqr[0]:.0f}..{b_iqr[1]:.0f}) ->"
+            f" {w.after_median_us:.0f} ({a_iqr[0]:.0f}..{a_iqr[1]:.0f}) us"
+            f" | {w.verdict()} | {'yes' if row.identical else 'NO'} |"
+        )
+    return lines
+
+
+def _markdown(rows: list[Row], opts, header: str) -> str:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        (
+            "<!-- GENERATED FILE: written by benchmarks/guards.py (`make bench-guards`)."
+            " Do not edit by hand; rerun the command below to regenerate. -->"
+        ),
+        "",
+        "# Guard cost before and after `torch_ember.guards.optimize`",
+        "",
+        (
+            f"Generated {now} by `make bench-guards` (runs `python benchmarks/guards.py"
+            f" --markdown docs/bench/guards.md`). **Do not edit by hand**: rerun the command."
+        ),
+        "",
+        f"- {header}",
+        (
+            f"- whole call: {opts.rounds} interleaved rounds (ABBA) of about 20 ms per side"
+            " (decode: 50 ms, at least 5 rounds); median, interquartile range, and the verdict"
+            " on the paired differences (95% distribution-free interval for their median)"
+        ),
+        (
+            "- before = plain `torch.compile`; after = nn.Module guards skipped"
+            " (`skip_guard_on_all_nn_modules_unsafe`), free tensors installed except for the"
+            " eager/aot_eager backends; method and columns: docs/guards.md"
+        ),
+        "",
+        *_table(rows),
+        "",
+    ]
+    for row in rows:
+        out.append(f"- **{row.model}**: {row.description}")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"among {MODELS}")
     parser.add_argument("--device", default="cpu", help="cpu or ember")
     parser.add_argument(
         "--backend",
@@ -102,112 +303,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=6)
     parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=16, help="gpt2-decode tokens")
+    parser.add_argument("--rounds", type=int, default=15, help="interleaved whole-call rounds")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (tiny ops)")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--markdown", metavar="PATH", help="write the report as Markdown")
     parser.add_argument("--check", action="store_true", help="exit 1 if the target is missed")
-    args = parser.parse_args(argv)
-    if args.backend is None:
-        args.backend = "inductor" if args.device == "cpu" else "eager"
+    opts = parser.parse_args(argv)
+    if opts.backend is None:
+        opts.backend = "inductor" if opts.device == "cpu" else "eager"
+    names = [n.strip() for n in opts.models.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; choose among {MODELS}")
 
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = ModuleHeavy(args.dim, args.blocks, args.depth).to(args.device).eval()
-    x = torch.randn(args.batch, args.dim, device=args.device)
-    modules = sum(1 for _ in model.modules())
-    print(
-        f"model: {modules} modules ({args.blocks} blocks, nesting depth {args.depth}),"
-        f" input {tuple(x.shape)} on {args.device}, backend {args.backend!r},"
-        f" {args.threads} thread(s), torch {torch.__version__}"
+    torch.set_num_threads(opts.threads)
+    header = (
+        f"device {opts.device}, backend {opts.backend!r}, {opts.threads} thread(s),"
+        f" torch {torch.__version__}, python {platform.python_version()},"
+        f" {platform.processor() or platform.machine()}"
     )
-
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        fast = guards.optimize(model, (x,), backend=args.backend)
-        result = fast.guard_report
-        baseline = result.baseline
-        eager_out = model(x)
-        before_out, after_out = baseline(x), fast(x)
-        print(f"compiled before/after and verified in {time.perf_counter() - t0:.1f} s")
-
-        profiler = guards.Profiler(budget=0)
-        rows: dict[str, dict[str, list[float]]] = {
-            name: {"guard_us": [], "guard_in_call_us": [], "call_us": [], "call_skip_us": []}
-            for name in ("before", "after")
-        }
-        for r in range(args.rounds):
-            order = (("before", baseline), ("after", fast))
-            for name, fn in order if r % 2 == 0 else tuple(reversed(order)):
-                p = profiler.profile(fn, x)
-                rows[name]["guard_us"].append(p.guard_us)
-                rows[name]["call_us"].append(p.call_us or 0.0)
-                rows[name]["guard_in_call_us"].append(p.guard_in_call_us or 0.0)
-                rows[name]["call_skip_us"].append(p.call_skip_guards_us or 0.0)
-                rows[name]["guards"] = [float(p.guard_count)]
-
-    identical = torch.equal(before_out, after_out) and result.outputs_equal
-    same_as_eager = torch.equal(after_out, eager_out)
-    diff_to_eager = (after_out - eager_out).abs().max().item()
-    med = {
-        name: {key: statistics.median(values) for key, values in row.items()}
-        for name, row in rows.items()
-    }
-    b, a = med["before"], med["after"]
-    cut = 1.0 - a["guard_us"] / b["guard_us"] if b["guard_us"] > 0 else 0.0
-    call_cut = 1.0 - a["call_us"] / b["call_us"] if b["call_us"] > 0 else 0.0
+    print(header)
+    rows = []
+    for name in names:
+        torch.manual_seed(0)
+        torch._dynamo.reset()
+        row = BUILDERS[name](opts)
+        rows.append(row)
+        print(
+            f"{name}: guards {row.guards_before} -> {row.guards_after}, guard us/{row.unit}"
+            f" {row.guard_us_before:.2f} -> {row.guard_us_after:.2f} (-{100 * row.cut:.1f}%),"
+            f" whole {row.unit}: {row.whole.summary()}; identical: {row.identical}"
+            f" ({row.compile_s:.0f} s)",
+            flush=True,
+        )
     print()
-    print(f"{'':18}{'before':>14}{'after':>14}{'change':>10}")
-    print(f"{'guards per call':18}{b['guards']:>14.0f}{a['guards']:>14.0f}")
-    print(f"{'guard us/call':18}{b['guard_us']:>14.3f}{a['guard_us']:>14.3f}{-100 * cut:>9.1f}%")
-    in_call_cut = (
-        1.0 - a["guard_in_call_us"] / b["guard_in_call_us"] if b["guard_in_call_us"] > 0 else 0.0
-    )
-    print(
-        f"{'guards in call us':18}{b['guard_in_call_us']:>14.3f}{a['guard_in_call_us']:>14.3f}"
-        f"{-100 * in_call_cut:>9.1f}%"
-    )
-    print(f"{'call us':18}{b['call_us']:>14.2f}{a['call_us']:>14.2f}{-100 * call_cut:>9.1f}%")
-    print(f"{'  guards skipped':18}{b['call_skip_us']:>14.2f}{a['call_skip_us']:>14.2f}")
-    print(
-        f"{'guard share':18}{100 * b['guard_us'] / b['call_us']:>13.2f}%"
-        f"{100 * a['guard_us'] / a['call_us']:>13.2f}%"
-    )
-    print()
-    print(f"guard time cut: {100 * cut:.1f}% (target >= {100 * TARGET_CUT:.0f}%)")
-    print(
-        f"outputs identical (bitwise) before/after: {identical};"
-        f" max |after - eager| = {diff_to_eager:.3g}"
-    )
-    print("applied: " + "; ".join(result.reductions))
-    spread = {name: (min(row["guard_us"]), max(row["guard_us"])) for name, row in rows.items()}
-    print(
-        f"guard us/call range over {args.rounds} rounds: before {spread['before'][0]:.3f}"
-        f"..{spread['before'][1]:.3f}, after {spread['after'][0]:.3f}..{spread['after'][1]:.3f}"
-    )
-    ok = identical and cut >= TARGET_CUT
-    if args.json:
-        payload = {
-            "device": args.device,
-            "backend": args.backend,
-            "modules": modules,
-            "threads": args.threads,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "rounds": args.rounds,
-            "before": b,
-            "after": a,
-            "guard_cut": cut,
-            "call_cut": call_cut,
-            "guard_in_call_cut": in_call_cut,
-            "outputs_identical": identical,
-            "equal_to_eager": same_as_eager,
-            "max_abs_diff_to_eager": diff_to_eager,
-            "target_met": ok,
-            "raw": rows,
-        }
-        with open(args.json, "w", encoding="utf-8") as f:
+    print("\n".join(_table(rows)))
+    ok = all(row.identical and row.cut >= TARGET_CUT for row in rows)
+    print(f"\ntarget (guard time cut >= {100 * TARGET_CUT:.0f}%, identical outputs): {ok}")
+    if opts.json:
+        payload = {"header": header, "rounds": opts.rounds, "target_met": ok}
+        payload["rows"] = [row.to_dict() for row in rows]
+        with open(opts.json, "w", encoding="utf-8") as f:
             json.dump(payload, f, indent=1)
-    if args.check and not ok:
+    if opts.markdown:
+        with open(opts.markdown, "w", encoding="utf-8") as f:
+            f.write(_markdown(rows, opts, header))
+    if opts.check and not ok:
         return 1
     return 0
 

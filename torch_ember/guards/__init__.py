@@ -13,11 +13,17 @@ need::
     fast = guards.optimize(model.eval(), (x,))      # frozen inference model
     print(fast.guard_report)                        # guard time before/after
 
+    model.forward = torch.compile(model.forward)    # decoding with generate()
+    print(guards.profile_generate(model, ids, max_new_tokens=32))   # per token
+
 From the shell: ``python -m torch_ember.guards report SCRIPT [args]``.
 See docs/guards.md.
 """
 
 from .advice import Advice
+from .breakdown import Breakdown
+from .compare import CallComparison, compare_calls
+from .decode import GenerateOptimizeResult, optimize_generate, profile_generate
 from .optimize import OptimizeResult, optimize
 from .profiler import CodeProfile, EntryProfile, GuardProfile, Profiler, collect, profile
 from .recorder import FrameHook, RecompileEvent, RecompileLog
@@ -25,9 +31,12 @@ from .tree import GuardNode, build_tree, count_by_kind
 
 __all__ = [
     "Advice",
+    "Breakdown",
+    "CallComparison",
     "CodeProfile",
     "EntryProfile",
     "FrameHook",
+    "GenerateOptimizeResult",
     "GuardNode",
     "GuardProfile",
     "OptimizeResult",
@@ -36,7 +45,10 @@ __all__ = [
     "RecompileLog",
     "build_tree",
     "collect",
+    "compare_calls",
     "count_by_kind",
     "optimize",
+    "optimize_generate",
     "profile",
+    "profile_generate",
 ]

@@ -20,8 +20,9 @@ calls of the same model class):
     guards does not leave the compiled code reading them unguarded.
 
 It checks that the optimized outputs are bitwise equal to the plain compiled
-ones on the example inputs (raising otherwise), and measures guard time and
-call time per call for both with the profiler.
+ones on the example inputs (raising otherwise), measures guard time per call
+for both with the profiler, and compares the whole call before and after,
+interleaved over rounds (:mod:`~torch_ember.guards.compare`).
 
 What "frozen" means: after ``optimize`` the model's structure, attributes and
 parameters are not reassigned (in-place updates of parameter values, e.g.
@@ -42,6 +43,7 @@ import torch
 import torch._dynamo
 from torch.utils._pytree import tree_flatten
 
+from .compare import CallComparison, compare_calls
 from .profiler import GuardProfile, Profiler
 
 _counter = itertools.count()
@@ -67,6 +69,8 @@ class OptimizeResult:
     max_abs_diff_vs_eager: float | None
     # The plain torch.compile of the same model (all guards), for A/B runs.
     baseline: Callable[..., Any] | None = dataclasses.field(default=None, repr=False)
+    # Whole call before/after, interleaved over rounds (None: rounds=0).
+    whole_call: CallComparison | None = None
 
     @property
     def guard_us_before(self) -> float:
@@ -97,6 +101,7 @@ class OptimizeResult:
             "call_us_after": self.after.call_us,
             "outputs_equal": self.outputs_equal,
             "max_abs_diff_vs_eager": self.max_abs_diff_vs_eager,
+            "whole_call": None if self.whole_call is None else self.whole_call.to_dict(),
         }
 
     def __str__(self) -> str:
@@ -109,8 +114,8 @@ class OptimizeResult:
                 f"  ({100 * self.guard_cut:.1f}% less)"
             ),
         ]
-        if b.call_us is not None and a.call_us is not None:
-            lines.append(f"  whole call      : {b.call_us:.2f} us -> {a.call_us:.2f} us")
+        if self.whole_call is not None:
+            lines.append(f"  whole call      : {self.whole_call.summary()}")
         lines.append(f"  outputs bitwise equal to plain torch.compile: {self.outputs_equal}")
         if self.max_abs_diff_vs_eager is not None:
             lines.append(f"  max |difference| to eager: {self.max_abs_diff_vs_eager:.3g}")
@@ -178,6 +183,7 @@ def optimize(
     dynamic: bool | None = None,
     free_tensors: bool | None = None,
     profiler: Profiler | None = None,
+    rounds: int = 15,
 ) -> Callable[..., Any]:
     """Compiles ``model`` with the guard reductions that are safe for ``mode``.
 
@@ -195,7 +201,11 @@ def optimize(
     yes, except for the backends that run the graph op by op in Python,
     ``"eager"`` and ``"aot_eager"``, where reading the installed tensors as
     graph-module attributes costs more per call than it saves).
-    ``profiler`` measures before and after (default: ``Profiler(budget=16)``).
+    ``profiler`` measures the guards before and after (default:
+    ``Profiler(budget=16, rounds=0)``). ``rounds``: interleaved rounds of the
+    whole-call comparison (:func:`~torch_ember.guards.compare_calls`; 0 to
+    skip it), reported as medians, spreads and "no measurable change" when
+    the confidence interval of the difference covers zero.
     """
     if mode not in MODES:
         raise ValueError(f"optimize: mode must be one of {MODES}, got {mode!r}")
@@ -211,7 +221,7 @@ def optimize(
         )
 
     eager_out = model(*args, **kwargs)
-    profiler = profiler or Profiler(budget=16)
+    profiler = profiler or Profiler(budget=16, rounds=0)
 
     plain = torch.compile(
         _own_code_wrapper(model, "ember_guards_plain"), backend=backend, dynamic=dynamic
@@ -234,6 +244,11 @@ def optimize(
         fast_out = fast(*args, **kwargs)
     after = profiler.profile(fast, *args, **kwargs)
 
+    whole_call = None
+    if rounds > 0:
+        whole_call = compare_calls(
+            lambda: plain(*args, **kwargs), lambda: fast(*args, **kwargs), rounds=rounds
+        )
     equal = _leaves_equal(plain_out, fast_out)
     result = OptimizeResult(
         mode=mode,
@@ -244,6 +259,7 @@ def optimize(
         outputs_equal=equal,
         max_abs_diff_vs_eager=_max_abs_diff(eager_out, fast_out),
         baseline=plain,
+        whole_call=whole_call,
     )
     if not equal:
         raise RuntimeError(

@@ -150,6 +150,24 @@ class GuardProfile:
     call_skip_guards_us: float | None = None
     advice: list[_advice.Advice] = dataclasses.field(default_factory=list)
     target: str = ""
+    # Generate mode (decode): new tokens per generate() call, and the time of
+    # one generate() call (median over rounds, without the profiler's hook).
+    tokens: int | None = None
+    generate_us: float | None = None
+
+    @property
+    def per_token_us(self) -> float | None:
+        if not self.tokens or self.generate_us is None:
+            return None
+        return self.generate_us / self.tokens
+
+    @property
+    def guard_us_per_token(self) -> float | None:
+        """Guard time of one generate() call (every compiled forward it ran:
+        prefill and decode steps) per new token."""
+        if not self.tokens:
+            return None
+        return self.total_guard_us / self.tokens
 
     @property
     def hit_entries(self) -> list[EntryProfile]:
@@ -191,6 +209,8 @@ class GuardProfile:
         """Guard time as a fraction of the whole compiled call."""
         if not any(e.guard_us is not None for e in self.hit_entries):
             return None
+        if self.tokens and self.per_token_us:
+            return (self.guard_us_per_token or 0.0) / self.per_token_us
         if self.call_us:
             return self.guard_us / self.call_us
         whole = self.total_guard_us + self.total_body_us

@@ -20,6 +20,10 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} us"
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def to_dict(profile: GuardProfile, tree_depth: int | None = None) -> dict[str, Any]:
     share = profile.guard_share
     script = profile.mode == "script"
@@ -44,6 +48,11 @@ def to_dict(profile: GuardProfile, tree_depth: int | None = None) -> dict[str, A
             ),
             "guard_share_of_call": None if share is None else round(share, 5),
             "compiled_calls": sum(e.calls for e in profile.hit_entries),
+            # Generate mode: per new token of one generate() call.
+            "tokens": profile.tokens,
+            "generate_us": _round(profile.generate_us, 3),
+            "per_token_us": _round(profile.per_token_us, 3),
+            "guard_us_per_token": _round(profile.guard_us_per_token, 4),
             # Script mode: sums over every recorded call (guards, compiled frames).
             "total_guard_us": round(profile.total_guard_us, 3) if script else None,
             "total_compiled_frame_us": round(profile.total_body_us, 3) if script else None,
@@ -138,7 +147,15 @@ def _breakdown_text(entry: EntryProfile, out: list[str]) -> None:
 
 def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
     out = [f"Guard profile ({profile.mode}{': ' + profile.target if profile.target else ''})"]
-    if profile.call_us is not None:
+    if profile.tokens:
+        calls = sum(e.calls for e in profile.hit_entries)
+        out.append(
+            f"  per token: guards {profile.guard_us_per_token or 0.0:.3f} us of"
+            f" {profile.per_token_us or 0.0:.1f} us ({100 * (profile.guard_share or 0.0):.2f}%);"
+            f" one generate(): {profile.tokens} new tokens, {calls} compiled forward calls,"
+            f" {profile.total_guard_us:.1f} us of guards in {profile.generate_us or 0.0:.0f} us"
+        )
+    elif profile.call_us is not None:
         share = profile.guard_share or 0.0
         out.append(
             f"  per call: guards {profile.guard_us:.3f} us of {profile.call_us:.3f} us"
@@ -174,7 +191,7 @@ def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
             + f"), {len(code.recompiles)} recompile(s)"
         )
         for event in code.recompiles:
-            flag = " [during profile]" if event.during_profile and profile.mode == "profile" else ""
+            flag = " [during profile]" if event.during_profile and profile.mode != "script" else ""
             cid, reason = event.reasons[0] if event.reasons else ("?", "")
             out.append(f"  recompile #{event.index}{flag}: entry {cid} failed: {reason}")
             for other_cid, other in event.reasons[1:]:
