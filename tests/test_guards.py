@@ -6,6 +6,7 @@ Guards do not depend on the compile backend, so the models compile with
 claims (the guard-time cut) live in benchmarks/guards.py, not here.
 """
 
+import itertools
 import json
 import os
 import subprocess
@@ -302,3 +303,64 @@ def test_cli_report_runs_a_script(tmp_path):
     assert busy["calls"] == 3 and busy["guard_us"] is not None
     assert data["summary"]["compiled_calls"] == 4
     assert "<details" in out_html.read_text()
+
+
+def test_guards_timed_on_the_locals_of_the_call_even_if_the_call_mutates_them():
+    """A wrapper that adds a key to its **kwargs dict during the call (as
+    transformers' wrappers do) makes its guards (`'flag' not in kwargs`)
+    fail on that dict afterwards: they must be timed at the call."""
+    model = Scaled()
+
+    def wrapper(**kwargs):
+        if "flag" not in kwargs:
+            kwargs["flag"] = True
+        return model(kwargs["x"], kwargs["mask"])
+
+    compiled = torch.compile(wrapper, backend="eager")
+    x, mask = torch.randn(2, 8), torch.zeros(8)
+    report = FAST.profile(compiled, x=x, mask=mask)
+    (entry,) = report.hit_entries
+    assert entry.note == "" and entry.guard_us > 0
+    assert entry.input_shapes == {"kwargs['x']": (2, 8), "kwargs['mask']": (8,)}
+    breakdown = entry.breakdown
+    assert abs(breakdown.total_us - entry.guard_us) <= entry.overhead_us
+    assert set(breakdown.by_source) >= {"inputs", "module tree"}
+
+
+def test_positional_wrapper_dimension_advice_names_the_argument():
+    def call(*args):
+        return args[0].sum(dim=1) * 2
+
+    compiled = torch.compile(call, backend="eager", dynamic=False)
+    for width in (3, 6):
+        compiled(torch.randn(2, width))
+    report = FAST.profile(compiled, torch.randn(2, 6))
+    (dim,) = _advice(report, "dynamic_dimension")
+    assert (dim.data["tensor"], dim.data["dim"]) == ("args[0]", 1)
+    assert "mark_dynamic(arg0, 1)" in dim.fix and "positional argument 0" in dim.fix
+    assert dim.data["saving"]["recompiles"] == 1 and "recompile" in dim.saving
+
+
+def test_median_interval_and_verdict_of_a_comparison():
+    from torch_ember.guards.compare import CallComparison, median_interval
+
+    values = list(range(1, 16))  # 15 values: the 95% interval is the 4th..12th
+    assert median_interval(values) == (4, 12)
+    assert median_interval([1.0, 2.0]) == (1.0, 2.0)
+    # Differences scattered around zero: no measurable change.
+    noisy = CallComparison([100, 102, 98, 101, 99, 103, 97], [101, 99, 100, 98, 103, 100, 99], 1)
+    assert not noisy.measurable and noisy.verdict().startswith("no measurable change")
+    # Every round 10 us faster: measurable, and said so.
+    clear = CallComparison([100 + r for r in range(9)], [90 + r for r in range(9)], 1)
+    assert clear.measurable and clear.change_us == -10
+    assert "10.0 us (" in clear.verdict() and "faster" in clear.verdict()
+    assert clear.to_dict()["measurable"] is True
+
+
+def test_peeling_fit_never_increases_and_keeps_its_ends():
+    from torch_ember.guards.breakdown import non_increasing_fit
+
+    fitted = non_increasing_fit([10.0, 8.0, 9.0, 5.0, 6.0, 1.0], pinned_ends=True)
+    assert fitted == pytest.approx([10.0, 8.5, 8.5, 5.5, 5.5, 1.0])
+    assert all(a >= b for a, b in itertools.pairwise(fitted))
+    assert non_increasing_fit([3.0, 2.0, 1.0]) == [3.0, 2.0, 1.0]

@@ -132,8 +132,9 @@ def _breakdown_text(entry: EntryProfile, out: list[str]) -> None:
     assert breakdown is not None
     by_kind = sorted(breakdown.by_kind.items(), key=lambda kv: -kv[1])
     out.append(
-        f"    guard time by kind ({breakdown.steps} peeling steps, each +-noise; sum"
-        f" {breakdown.total_us:.3f} us): " + ", ".join(f"{kind} {us:.2f}" for kind, us in by_kind)
+        f"    guard time by kind (each node's check and lookup under its principal guard;"
+        f" {breakdown.steps} peeling steps, sum {breakdown.total_us:.3f} us): "
+        + ", ".join(f"{kind} {us:.2f}" for kind, us in by_kind)
     )
     by_source = sorted(breakdown.by_source.items(), key=lambda kv: -kv[1])
     out.append(
