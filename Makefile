@@ -97,14 +97,16 @@ bench-flags: setup
 	$(PY) benchmarks/flags.py
 
 # --------------------------------------------------------------------------
-# Guard profiler (issue 6): guard time per call of a module-heavy model before
-# and after torch_ember.guards.optimize (target: >= 50% less, same outputs).
+# Guard profiler (issues 6, 15): guard time per call (per token for decode)
+# before and after torch_ember.guards.optimize on a module-heavy model, BERT,
+# ViT and GPT-2 decode (target: >= 50% less, identical outputs/tokens); whole
+# call compared interleaved. Writes docs/bench/guards.md.
 #   make bench-guards
-# Options: `python benchmarks/guards.py --help` (e.g. --device ember).
+# Options: `python benchmarks/guards.py --help` (e.g. --device ember, --models bert).
 .PHONY: bench-guards
 
 bench-guards: setup
-	$(PY) benchmarks/guards.py
+	$(PY) benchmarks/guards.py --markdown docs/bench/guards.md
 
 # --------------------------------------------------------------------------
 # Per-op time breakdown: every suite workload on ember under torch.profiler,
