@@ -90,6 +90,9 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa);
 
+// elementwise/Activations.cpp: ember's vector kernels by default.
+at::Tensor tanh(const at::Tensor& self);
+
 // ShallowCopy.cpp
 bool has_compatible_shallow_copy_type(const at::Tensor& self,
                                       const at::Tensor& from);

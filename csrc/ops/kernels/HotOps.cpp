@@ -12,12 +12,12 @@
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
-#include <ATen/ops/tanh_ops.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicOps.h"
+#include "ops/kernels/EmberKernels.h"
 
 namespace ember {
 namespace {
@@ -45,7 +45,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                               OptT, OptT, double>)));
   m.impl("gelu", TORCH_FN(kernels::deterministic::gelu));
   m.impl("relu", TORCH_FN((functional<ops::relu, T>)));
-  m.impl("tanh", TORCH_FN((functional<ops::tanh, T>)));
+  m.impl("tanh", TORCH_FN(kernels::tanh));
 }
 
 }  // namespace

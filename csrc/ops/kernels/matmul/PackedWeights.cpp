@@ -5,6 +5,7 @@
 #include <c10/core/Storage.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -27,14 +28,16 @@ struct Key {
   const c10::StorageImpl* storage;
   int64_t offset, k, n, stride_k, stride_n;
   PackKind kind;
+  uint64_t geometry;
   bool operator==(const Key&) const = default;
 };
 
 struct KeyHash {
   size_t operator()(const Key& key) const {
     size_t h = std::hash<const void*>()(key.storage);
-    for (int64_t v : {key.offset, key.k, key.n, key.stride_k, key.stride_n,
-                      static_cast<int64_t>(key.kind)}) {
+    for (int64_t v :
+         {key.offset, key.k, key.n, key.stride_k, key.stride_n,
+          static_cast<int64_t>(key.kind), static_cast<int64_t>(key.geometry)}) {
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     }
     return h;
@@ -50,12 +53,17 @@ struct Entry {
 
 class PackCache {
  public:
-  std::shared_ptr<const PackedWeight> find_or_pack(const at::Tensor& b,
-                                                   PackKind kind) {
+  // `b` is K x N for the 2-D kinds; any shape with a `reorder` (its sizes
+  // and strides are then part of `geometry`).
+  std::shared_ptr<const PackedWeight> find_or_pack(
+      const at::Tensor& b, PackKind kind, uint64_t geometry = 0,
+      const OneDnnReorder* reorder = nullptr) {
     if (b.is_inference() || limit_ <= 0) return nullptr;
     const c10::StorageImpl* impl = b.storage().unsafeGetStorageImpl();
-    const Key key{impl,        b.storage_offset(), b.size(0), b.size(1),
-                  b.stride(0), b.stride(1),        kind};
+    const Key key{impl,        b.storage_offset(),
+                  b.size(0),   b.numel() / std::max<int64_t>(b.size(0), 1),
+                  b.stride(0), b.stride(-1),
+                  kind,        geometry};
     const uint32_t version =
         b.unsafeGetTensorImpl()->version_counter().current_version();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -89,7 +97,8 @@ class PackCache {
       ++hits_;
       return entry.packed;
     }
-    std::shared_ptr<PackedWeight> packed = pack(b, kind);
+    std::shared_ptr<PackedWeight> packed =
+        reorder ? pack_with(b, kind, *reorder) : pack(b, kind);
     if (!packed) return nullptr;
     bytes_ += static_cast<int64_t>(packed->bytes);
     ++packs_;
@@ -172,6 +181,29 @@ class PackCache {
     }
   }
 
+  std::shared_ptr<PackedWeight> pack_with(const at::Tensor& w, PackKind kind,
+                                          const OneDnnReorder& reorder) {
+    auto packed = std::make_shared<PackedWeight>();
+    packed->kind = kind;
+    packed->k = w.size(0);
+    packed->n = w.numel() / w.size(0);
+    packed->bytes = static_cast<size_t>(w.numel()) * w.element_size();
+    if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
+    packed->device = w.device().index();
+    const at::Tensor cpu_weight =
+        at::from_blob(const_cast<void*>(w.const_data_ptr()), w.sizes(),
+                      w.strides(), at::TensorOptions().dtype(w.scalar_type()));
+    try {
+      // The blocked copy is allocated through the CPU allocator, so from
+      // this device's pool.
+      CpuAllocationCapture capture(packed->device);
+      packed->onednn = reorder(cpu_weight);
+    } catch (const c10::OutOfMemoryError&) {
+      return nullptr;
+    }
+    return packed;
+  }
+
   std::shared_ptr<PackedWeight> pack(const at::Tensor& b, PackKind kind) {
     auto packed = std::make_shared<PackedWeight>();
     packed->kind = kind;
@@ -244,6 +276,13 @@ PanelPackedBf16 PackedWeight::bf16() const {
 std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
                                                   PackKind kind) {
   return cache().find_or_pack(b, kind);
+}
+
+std::shared_ptr<const PackedWeight> packed_onednn_weight(
+    const at::Tensor& weight, PackKind kind, uint64_t geometry,
+    const OneDnnReorder& reorder) {
+  if (weight.dim() == 0 || weight.numel() == 0) return nullptr;
+  return cache().find_or_pack(weight, kind, geometry, &reorder);
 }
 
 PackCacheStats pack_cache_stats() { return cache().stats(); }

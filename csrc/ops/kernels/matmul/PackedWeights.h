@@ -6,6 +6,8 @@
 //   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
 //   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 under
 //                             "medium") for its packed matmul
+//   kOneDnnConv               oneDNN's blocked convolution weight, one pack
+//                             per call geometry (ops/kernels/Convolution.cpp)
 //
 // Packs live in ember device memory (they count in memory_stats and the
 // memory limit), the cache is bounded in bytes (least recently used packs
@@ -17,13 +19,20 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "ops/kernels/matmul/SkinnyGemm.h"
 
 namespace ember::matmul {
 
-enum class PackKind : uint8_t { kPanelsF32, kPanelsBf16, kOneDnn, kOneDnnBf16 };
+enum class PackKind : uint8_t {
+  kPanelsF32,
+  kPanelsBf16,
+  kOneDnn,
+  kOneDnnBf16,
+  kOneDnnConv
+};
 
 // One packed copy of B (K x N).
 struct PackedWeight {
@@ -33,7 +42,7 @@ struct PackedWeight {
   int64_t n = 0;
   size_t bytes = 0;
   c10::DataPtr panels;  // kPanels*: ember memory
-  at::Tensor onednn;    // kOneDnn*: oneDNN's blocked N x K weight
+  at::Tensor onednn;    // kOneDnn*: oneDNN's blocked weight (an MKLDNN tensor)
 
   PanelPackedF32 f32() const;
   PanelPackedBf16 bf16() const;
@@ -46,6 +55,15 @@ struct PackedWeight {
 // and packs that do not fit the budget are never packed.
 std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
                                                   PackKind kind);
+
+// The oneDNN pack of a weight of any shape (same cache, same rules):
+// `reorder` gets a CPU alias of `weight` and returns its packed copy.
+// `geometry` tells apart packs of one weight made for different calls (a
+// convolution's stride, padding and input size choose its blocked layout).
+using OneDnnReorder = std::function<at::Tensor(const at::Tensor& cpu_weight)>;
+std::shared_ptr<const PackedWeight> packed_onednn_weight(
+    const at::Tensor& weight, PackKind kind, uint64_t geometry,
+    const OneDnnReorder& reorder);
 
 struct PackCacheStats {
   int64_t entries = 0;

@@ -1,0 +1,93 @@
+#include "ops/kernels/LayoutTranspose.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+
+#include "ember/runtime/cpu_features.h"
+
+// GCC 12 reports its own intrinsics' deliberately undefined register
+// operands (_mm512_undefined_*) as uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ember::kernels {
+namespace {
+
+constexpr int64_t kTile = 16;
+
+// One 16 x 16 tile: 16 pixels of 16 channels (rows `src_stride` apart) to
+// 16 channels of 16 pixels (rows `dst_stride` apart), in registers.
+__attribute__((target("avx512f"))) void transpose_tile_16x16(
+    const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m512 r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
+  __m512 t[16];
+  // Interleave pairs of rows (32-bit), then pairs of pairs (64-bit), then
+  // 128-bit lanes twice: the classic 4-stage 16 x 16 transpose.
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(
+        _mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(
+        _mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]),
+                                                   _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]),
+                                                   _mm512_castps_pd(t[i + 3])));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+  // r[k] now holds channel k of the 16 pixels.
+  for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + k * dst_stride, r[k]);
+}
+
+void transpose_tile_scalar(const float* src, int64_t src_stride, float* dst,
+                           int64_t dst_stride, int64_t rows, int64_t cols) {
+  for (int64_t p = 0; p < rows; ++p) {
+    for (int64_t ch = 0; ch < cols; ++ch) {
+      dst[ch * dst_stride + p] = src[p * src_stride + ch];
+    }
+  }
+}
+
+}  // namespace
+
+void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
+                                 int64_t c, int64_t hw) {
+  static const bool avx512 = runtime::cpu_features().avx512f;
+  const int64_t tiles = (hw + kTile - 1) / kTile;
+  at::parallel_for(0, n * tiles, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t image = t / tiles;
+      const int64_t p0 = (t % tiles) * kTile;
+      const int64_t rows = std::min(kTile, hw - p0);
+      const float* s = src + image * hw * c + p0 * c;
+      float* d = dst + image * hw * c + p0;
+      for (int64_t c0 = 0; c0 < c; c0 += kTile) {
+        const int64_t cols = std::min(kTile, c - c0);
+        if (avx512 && rows == kTile && cols == kTile) {
+          transpose_tile_16x16(s + c0, c, d + c0 * hw, hw);
+        } else {
+          transpose_tile_scalar(s + c0, c, d + c0 * hw, hw, rows, cols);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace ember::kernels

@@ -1,0 +1,18 @@
+// ember's own vectorised transcendental functions over fp32 arrays, for the
+// ops where ATen's (SLEEF's 1-ulp variants) cost a profile's worth of time:
+// tanh ran at ~9 cycles per element in GPT-2's GELU. Accuracy is a few ulp
+// (checked against float64 in tests/test_elementwise.py), far inside the
+// tolerances PyTorch's own device tests use for float32.
+#pragma once
+
+#include <cstdint>
+
+namespace ember::kernels {
+
+// Whether the vector kernels can run here (AVX-512F).
+bool vector_math_supported();
+
+// out[i] = tanh(in[i]) for i < n; `in` and `out` may be the same array.
+void tanh_f32(const float* in, float* out, int64_t n);
+
+}  // namespace ember::kernels
