@@ -58,7 +58,7 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
         x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(co, c // groups, k, k)
     b = torch.randn(co) if bias else None
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    kw = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
     cpu = F.conv2d(x, w, b, **kw)
     xe, we = x.to(DEVICE), w.to(DEVICE)
     be_ = None if b is None else b.to(DEVICE)
