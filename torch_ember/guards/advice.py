@@ -373,6 +373,10 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
                 data={"entries": entries, "limit": code.recompile_limit},
             )
         )
+    for item in out:
+        if item.kind == "recompile_limit" and not item.saving and entries > 1:
+            # Fixing the causes leaves one entry: every recompile after the first compile.
+            item.saving, item.data["saving"] = _recompile_saving(code, entries - 1)
     return out
 
 
@@ -399,7 +403,8 @@ def _cost_advice(profile: GuardProfile, code: CodeProfile) -> list[Advice]:
                     " compiling (frozen inference), a guard filter can skip them."
                 ),
                 fix=(
-                    "torch_ember.guards.optimize(model, example_inputs=...)  or  torch.compile("
+                    "torch_ember.guards.optimize(model, args, example_kwargs=kwargs)  or"
+                    "  torch.compile("
                     "model, options={'guard_filter_fn':"
                     " torch.compiler.skip_guard_on_all_nn_modules_unsafe})"
                 ),

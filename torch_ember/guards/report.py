@@ -303,6 +303,16 @@ def to_html(profile: GuardProfile) -> str:
             )
             if entry.note:
                 parts.append(f"<p>{esc(entry.note)}</p>")
+            if entry.breakdown is not None:
+                for title, values in (
+                    ("guard kind", entry.breakdown.by_kind),
+                    ("source", entry.breakdown.by_source),
+                ):
+                    rows = "".join(
+                        f"<tr><td class='mono'>{esc(name)}</td><td>{us:.3f}</td></tr>"
+                        for name, us in sorted(values.items(), key=lambda kv: -kv[1])
+                    )
+                    parts.append(f"<table><tr><th>{title}</th><th>us/call</th></tr>{rows}</table>")
             expensive = entry.expensive(8)
             if expensive:
                 parts.append(
