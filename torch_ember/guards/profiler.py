@@ -175,12 +175,23 @@ class GuardProfile:
 
     @property
     def guard_us(self) -> float:
-        """Guard-evaluation time per call: sum over the entries a call runs."""
-        return sum(e.guard_us or 0.0 for e in self.hit_entries)
+        """Guard-evaluation time per call. Profile mode: sum over the entries
+        the one profiled call ran (one per compiled frame). Script and
+        generate modes, where calls hit different entries: mean per
+        compiled call (sum of guard time over every recorded call / calls)."""
+        if self.mode == "profile":
+            return sum(e.guard_us or 0.0 for e in self.hit_entries)
+        calls = sum(e.calls for e in self.hit_entries)
+        return self.total_guard_us / calls if calls else 0.0
 
     @property
     def guard_count(self) -> int:
-        return sum(e.guard_count for e in self.hit_entries)
+        """Guards evaluated per call, counted like :attr:`guard_us`."""
+        if self.mode == "profile":
+            return sum(e.guard_count for e in self.hit_entries)
+        calls = sum(e.calls for e in self.hit_entries)
+        total = sum(e.guard_count * e.calls for e in self.hit_entries)
+        return round(total / calls) if calls else 0
 
     @property
     def guard_in_call_us(self) -> float | None:

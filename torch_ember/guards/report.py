@@ -173,7 +173,8 @@ def to_text(profile: GuardProfile, top: int = 8, tree_depth: int = 3) -> str:
         share = profile.guard_share
         share_text = f" ({100 * share:.2f}% of compiled-call time)" if share is not None else ""
         out.append(
-            f"  {calls} compiled call(s): guards {profile.total_guard_us:.1f} us in total,"
+            f"  {calls} compiled call(s): guards {profile.total_guard_us:.1f} us in total"
+            f" ({profile.guard_us:.2f} us, {profile.guard_count} guards per call on average),"
             f" compiled frames {profile.total_body_us:.1f} us{share_text}"
         )
     over = profile.overhead
