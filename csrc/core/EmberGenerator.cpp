@@ -1,6 +1,7 @@
 #include "core/EmberGenerator.h"
 
 #include <c10/util/Exception.h>
+#include <pthread.h>
 
 #include <deque>
 #include <mutex>
@@ -58,11 +59,60 @@ EmberGeneratorImpl* EmberGeneratorImpl::clone_impl() const {
   return copy;
 }
 
+namespace {
+
+// The default generators, one per device, created on first use.
+std::mutex generators_mutex;  // constant-initialized
+std::deque<at::Generator>& generators() {
+  static std::deque<at::Generator> all;  // stable addresses
+  return all;
+}
+
+// fork(): a child must not inherit an engine lock held by a thread it does
+// not have (a random op running on another thread). Random kernels take
+// the engine lock and then allocate (runtime locks), so these handlers are
+// registered after the runtime's: their prepare step runs first.
+// Generators created with torch.Generator("ember") are not tracked.
+void lock_before_fork() {
+  generators_mutex.lock();
+  // Python's generator methods hold the generator's own lock, then the
+  // engine's; the same order here.
+  for (const at::Generator& generator : generators()) {
+    auto* impl =
+        static_cast<EmberGeneratorImpl*>(generator.unsafeGetGeneratorImpl());
+    impl->mutex_.lock();
+    impl->engine_mutex().lock();
+  }
+}
+
+void unlock_after_fork() {
+  auto& all = generators();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    auto* impl = static_cast<EmberGeneratorImpl*>(it->unsafeGetGeneratorImpl());
+    impl->engine_mutex().unlock();
+    impl->mutex_.unlock();
+  }
+  generators_mutex.unlock();
+}
+
+void install_fork_handlers() {
+  static const bool installed = [] {
+    runtime::install_fork_handlers();
+    TORCH_CHECK(pthread_atfork(lock_before_fork, unlock_after_fork,
+                               unlock_after_fork) == 0,
+                "ember: pthread_atfork failed");
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace
+
 const at::Generator& default_generator(c10::DeviceIndex device) {
-  static std::mutex mutex;
-  static std::deque<at::Generator> generators;  // stable addresses
   translate_runtime_errors([&] { runtime::check_device_index(device); });
-  std::lock_guard<std::mutex> lock(mutex);
+  install_fork_handlers();
+  std::lock_guard<std::mutex> lock(generators_mutex);
+  auto& generators = ember::generators();
   while (generators.size() < static_cast<size_t>(runtime::device_count())) {
     const auto index = static_cast<c10::DeviceIndex>(generators.size());
     generators.push_back(at::make_generator<EmberGeneratorImpl>(index));

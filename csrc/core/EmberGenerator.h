@@ -31,6 +31,8 @@ class EmberGeneratorImpl final : public c10::GeneratorImpl {
 
   // The CPU generator delegated kernels draw from.
   at::Generator engine() const { return at::Generator(engine_); }
+  // The lock CPU kernels take while drawing from the engine.
+  std::mutex& engine_mutex() const { return engine_->mutex_; }
 
  private:
   EmberGeneratorImpl* clone_impl() const override;

@@ -1,12 +1,17 @@
 // The ember devices: counted once from EMBER_DEVICES, created on first use,
-// alive until the process ends.
+// alive until the process ends; and the fork handlers that keep their locks
+// consistent across fork().
 #include "ember/runtime/device.h"
 
+#include <pthread.h>
+
 #include <array>
+#include <atomic>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 
 #include "ember/runtime/cpu_features.h"
 
@@ -37,6 +42,65 @@ DeviceProperties make_properties(int index) {
 
 thread_local int current_device_index = 0;
 
+// Devices created so far. Deliberately never destroyed: tensors released
+// during static destruction (or by other libraries' exit handlers) still
+// free into a live allocator; the OS reclaims the segments at exit. Both
+// are constant-initialized, so no static-initialization guard is involved.
+std::array<std::atomic<Device*>, kMaxDevices> created_devices{};
+std::mutex creation_mutex;  // serializes creation; held across fork()
+
+// pthread_atfork handlers. Lock order: creation, then per device (in index
+// order) its allocator, then its stream pool. No runtime code holds one of
+// these while taking another, so the order cannot deadlock; with creation
+// held the set of devices cannot change under the loop.
+void lock_before_fork() {
+  creation_mutex.lock();
+  for (auto& slot : created_devices) {
+    if (Device* dev = slot.load(std::memory_order_acquire)) {
+      dev->allocator().lock_for_fork();
+      dev->streams().lock_for_fork();
+    }
+  }
+}
+
+// The same in parent and child: in the child the forking thread (the only
+// one left) is the thread that took the locks.
+void unlock_after_fork() {
+  for (auto it = created_devices.rbegin(); it != created_devices.rend(); ++it) {
+    if (Device* dev = it->load(std::memory_order_acquire)) {
+      dev->streams().unlock_after_fork();
+      dev->allocator().unlock_after_fork();
+    }
+  }
+  creation_mutex.unlock();
+}
+
+[[gnu::noinline]] Device& create_device(int index) {
+  std::lock_guard<std::mutex> lock(creation_mutex);
+  Device* dev = created_devices[index].load(std::memory_order_relaxed);
+  if (dev == nullptr) {
+    dev = new Device(index);
+    created_devices[index].store(dev, std::memory_order_release);
+  }
+  return *dev;
+}
+
+}  // namespace
+
+void install_fork_handlers() {
+  static const int registered =
+      pthread_atfork(lock_before_fork, unlock_after_fork, unlock_after_fork);
+  if (registered != 0) {
+    throw std::system_error(registered, std::generic_category(),
+                            "ember: pthread_atfork");
+  }
+}
+
+namespace {
+// Installed when the library is loaded, before any thread can be inside
+// the runtime: installing on first use would leave a window where one
+// thread creates a device (holding its lock) while another forks.
+const bool fork_handlers_installed = (install_fork_handlers(), true);
 }  // namespace
 
 InvalidDevice::InvalidDevice(int index, int count)
@@ -83,15 +147,10 @@ void check_device_index(int index) {
 
 Device& device(int index) {
   check_device_index(index);
-  // Deliberately never destroyed: tensors released during static
-  // destruction (or by other libraries' exit handlers) still free into a
-  // live allocator; the OS reclaims the segments at exit.
-  static auto& devices =
-      *new std::vector<std::unique_ptr<Device>>(device_count());
-  static std::array<std::once_flag, kMaxDevices> created;
-  std::call_once(created[index],
-                 [index] { devices[index] = std::make_unique<Device>(index); });
-  return *devices[index];
+  if (Device* dev = created_devices[index].load(std::memory_order_acquire)) {
+    return *dev;
+  }
+  return create_device(index);
 }
 
 int current_device() { return current_device_index; }

@@ -104,6 +104,12 @@ class CachingAllocator final {
 
   int device_index() const { return device_index_; }
 
+  // fork() support, called only by the runtime's pthread_atfork handlers
+  // (device.cpp): the forking thread holds the lock across fork(), so the
+  // child never inherits it held by a thread that does not exist there.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
  private:
   struct State;
   std::size_t memory_limit_locked() const;  // caller holds mutex_

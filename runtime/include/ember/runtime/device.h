@@ -66,9 +66,18 @@ int device_count();
 // InvalidConfiguration naming the value and the allowed range.
 int parse_device_count(const char* value);
 
-// Throws InvalidDevice.
+// Throws InvalidDevice. Creates the device on first use.
 Device& device(int index);
 void check_device_index(int index);
+
+// Registers the runtime's pthread_atfork handlers once (idempotent; done
+// when the library is loaded). Before fork() they take every runtime lock
+// (device creation, then each device's allocator and stream pool), afterwards
+// they release them in parent and child, so a child forked while other threads
+// allocate never starts with a lock held by a thread it does not have. A layer
+// above whose own locks are taken before runtime locks calls this first and
+// then registers its handlers: their prepare step then runs before this one.
+void install_fork_handlers();
 
 // The current device is per thread, as in CUDA.
 int current_device();

@@ -68,6 +68,10 @@ class StreamPool final {
   void set_current(StreamId id);
   void synchronize_all();
 
+  // fork() support, as CachingAllocator::lock_for_fork.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
  private:
   const int device_index_;
   // Process-unique, never reused: keys this pool's per-thread current
