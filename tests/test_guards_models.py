@@ -227,6 +227,11 @@ def test_generate_guard_share_per_token_and_optimize_keeps_tokens(kind):
     # The KV cache length recompile gets the static-cache advice.
     cache = [a for a in before.advice if "past_key_values" in a.data.get("tensor", "")]
     assert cache and "cache_implementation='static'" in cache[0].fix
+    # Prompt length vs one token per decode step is by design, not a fix to make.
+    (prefill,) = [a for a in before.advice if a.kind == "prefill_decode"]
+    assert prefill.data["tensor"] == "kwargs['input_ids']" and prefill.data["dim"] == 1
+    assert not [a for a in before.advice if a.data.get("tensor") == "kwargs['input_ids']"
+                and a.kind == "dynamic_dimension"]  # fmt: skip
     # model.forward is now the optimized compiled forward.
     with torch.no_grad():
         again = model.generate(

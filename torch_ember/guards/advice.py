@@ -130,6 +130,12 @@ def _recompile_saving(code: CodeProfile, recompiles: int) -> tuple[str, dict[str
     return text, data
 
 
+def _runs_with_kv_cache(code: CodeProfile) -> bool:
+    return any(
+        "past_key_values" in node.source for entry in code.entries for node in entry.tree.walk()
+    )
+
+
 def _dimension_advice(
     code: CodeProfile, name: str, dim: int, count: int, values: list[str], zero_one: bool
 ) -> Advice:
@@ -153,6 +159,19 @@ def _dimension_advice(
             ),
             data=data,
             saving=saving,
+        )
+    if "1" in values and _runs_with_kv_cache(code):
+        # A decoder's prompt (prefill) and its one-token decode steps.
+        return Advice(
+            kind="prefill_decode",
+            severity="info",
+            where=code.location,
+            message=(
+                f"dimension {dim} of `{name}` is the prompt length at prefill and 1 at each"
+                f" decode step{seen}: prefill and decode get a graph each, as expected in"
+                " generate()."
+            ),
+            data=data,
         )
     together = _changing_together(code, name, dim)
     variables = [_as_passed(n) for n in together]
@@ -329,7 +348,7 @@ def _recompile_advice(code: CodeProfile) -> list[Advice]:
     for item in out:
         # Every recompile-caused item predicts the compile time it saves.
         recompiles = item.data.get("recompiles", len(item.data.get("values", [])))
-        if not item.saving and recompiles:
+        if not item.saving and recompiles and item.kind != "prefill_decode":
             item.saving, item.data["saving"] = _recompile_saving(code, recompiles)
     entries = len(code.entries)
     if code.ran_eagerly:
