@@ -239,3 +239,14 @@ def test_generate_guard_share_per_token_and_optimize_keeps_tokens(kind):
             pad_token_id=0,
         )  # fmt: skip
     assert model.forward is result.fast_forward and again.shape[-1] == 6 + new_tokens
+
+
+def test_kwargs_called_bert_on_ember_is_timed():
+    model = _bert().to("ember")
+    ids = torch.randint(0, 1000, (1, 16), device="ember")
+    compiled = torch.compile(model, backend="eager")
+    with torch.no_grad():
+        report = FAST.profile(compiled, input_ids=ids, attention_mask=torch.ones_like(ids))
+    (entry,) = report.hit_entries
+    assert entry.guard_us > 0 and entry.input_shapes["kwargs['input_ids']"] == (1, 16)
+    _assert_breakdown_adds_up(entry)
