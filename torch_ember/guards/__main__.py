@@ -31,11 +31,16 @@ from .recorder import RecompileLog
 
 
 def run_script(
-    script: str, args: list[str], *, budget: int = 48, measure: bool = True
+    script: str,
+    args: list[str],
+    *,
+    budget: int = 48,
+    measure: bool = True,
+    breakdown: bool = True,
 ) -> tuple[GuardProfile, int, dict[str, Any] | None]:
     """Runs ``script`` under the profiler. Returns (profile, exit code, the
     script's globals — kept alive until the report is built)."""
-    hook = Profiler(budget=budget, measure=measure, rounds=0).hook()
+    hook = Profiler(budget=budget, measure=measure, rounds=0, breakdown=breakdown).hook()
     event_ns = hook.calibrate()
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [script, *args]
@@ -98,12 +103,21 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--tree-depth", type=int, default=3, help="guard tree depth in the text")
     rep.add_argument("--budget", type=int, default=48, help="subtrees timed per cache entry")
     rep.add_argument("--no-timing", action="store_true", help="structure and recompiles only")
+    rep.add_argument(
+        "--no-breakdown",
+        action="store_true",
+        help="skip guard time by kind/source (about a second per cache entry)",
+    )
     rep.add_argument("script", help="Python script to run")
     rep.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
     ns = parser.parse_args(argv)
 
     profile, exit_code, _globals = run_script(
-        ns.script, ns.args, budget=ns.budget, measure=not ns.no_timing
+        ns.script,
+        ns.args,
+        budget=ns.budget,
+        measure=not ns.no_timing,
+        breakdown=not ns.no_breakdown,
     )
     from .report import to_text
 
