@@ -286,8 +286,9 @@ def _markdown(rows: list[Row], opts, header: str) -> str:
         (
             "The whole call can drop by more than the isolated guard time: inside a real"
             " call the guards run with cold CPU caches (the profiler's `guard_in_call_us`"
-            " cross-check measures 1.5-2x the isolated figure), and with Inductor the"
-            " installed free tensors also remove the per-call parameter look-ups."
+            " cross-check, call time minus call time with guard evaluation skipped, is"
+            " larger than the isolated figure), and with Inductor the installed free"
+            " tensors also remove the per-call parameter look-ups."
         ),
         "",
     ]
