@@ -1,12 +1,78 @@
-// Fused-attention selection for scaled_dot_product_attention on ember.
-// ember makes exactly CPU's choice (CPU flash attention when its constraints
-// hold, else the math path), so attention results are bitwise equal to CPU's
-// and the flash path keeps memory O(L*d).
+// Attention on ember. scaled_dot_product_attention asks fused_sdp_choice
+// which kernel to use: ember makes exactly CPU's choice (CPU flash
+// attention when its constraints hold, else the math path). The flash entry
+// point then runs ember's own kernel by default (attention/AttentionKernel.h)
+// and CPU's under cpu_parity, determinism, dropout, or for what ember's
+// kernel does not take (other dtypes, grouped heads, strided last dims).
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
+#include <ATen/ops/empty.h>
 
+#include <cmath>
+
+#include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
+#include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/attention/AttentionKernel.h"
 
 namespace ember::kernels {
+namespace {
+
+namespace attn = ember::kernels::attention;
+
+bool unit_last_dim(const at::Tensor& t) {
+  return t.scalar_type() == at::kFloat && t.dim() == 4 &&
+         (t.stride(3) == 1 || t.size(3) == 1) && !t.is_conj() && !t.is_neg();
+}
+
+attn::Operand operand(const at::Tensor& t) {
+  return {t.const_data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
+}
+
+// The problem for ember's kernel, or nullopt when CPU's kernel must run.
+std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
+                                  const at::Tensor& v, double dropout_p,
+                                  bool is_causal,
+                                  const std::optional<at::Tensor>& attn_mask,
+                                  std::optional<double> scale) {
+  if (flags::cpu_parity() || flags::deterministic() || dropout_p != 0.0 ||
+      !attn::supported() || !unit_last_dim(q) || !unit_last_dim(k) ||
+      !unit_last_dim(v)) {
+    return std::nullopt;
+  }
+  const int64_t batch = q.size(0), heads = q.size(1);
+  if (k.size(0) != batch || v.size(0) != batch || k.size(1) != heads ||
+      v.size(1) != heads || k.size(3) != q.size(3) || v.size(2) != k.size(2)) {
+    return std::nullopt;
+  }
+  attn::Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.q_len = q.size(2);
+  p.kv_len = k.size(2);
+  p.head_dim = q.size(3);
+  p.v_dim = v.size(3);
+  p.q = operand(q);
+  p.k = operand(k);
+  p.v = operand(v);
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    const at::Tensor& mask = *attn_mask;
+    if (mask.dim() > 4 || mask.device() != q.device()) return std::nullopt;
+    const at::Tensor full = mask.expand({batch, heads, p.q_len, p.kv_len});
+    if (!unit_last_dim(full) || p.kv_len == 1) return std::nullopt;
+    p.mask = operand(full);
+  }
+  p.causal = is_causal;
+  p.scale = static_cast<float>(
+      scale.has_value() ? *scale
+                        : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
+  if (!attn::fits(p) || batch == 0 || heads == 0) return std::nullopt;
+  return p;
+}
+
+}  // namespace
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          const at::Tensor& value,
@@ -17,6 +83,47 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
   // global sdp flags, so it applies to ember tensors as they are.
   return at::native::_fused_sdp_choice_cpp(
       query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    double dropout_p, bool is_causal,
+    const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  using Op = at::_ops::_scaled_dot_product_flash_attention_for_cpu;
+  std::optional<attn::Problem> problem =
+      plan(query, key, value, dropout_p, is_causal, attn_mask, scale);
+  if (!problem) {
+    return unboxed::functional<
+        Op, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+        bool, const std::optional<at::Tensor>&, std::optional<double>>(
+        query, key, value, dropout_p, is_causal, attn_mask, scale);
+  }
+  auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
+      "aten::_scaled_dot_product_flash_attention_for_cpu",
+      [&](const at::Tensor&) {
+        attn::Problem& p = *problem;
+        // CPU's layouts: both results are [batch, row, head] buffers seen
+        // as [batch, head, row].
+        const at::Tensor out = at::empty({p.batch, p.q_len, p.heads, p.v_dim},
+                                         query.options().device(at::kCPU))
+                                   .transpose(1, 2);
+        const at::Tensor lse = at::empty({p.batch, p.q_len, p.heads},
+                                         query.options().device(at::kCPU))
+                                   .transpose(1, 2);
+        p.out = out.mutable_data_ptr<float>();
+        p.out_batch_stride = out.stride(0);
+        p.out_head_stride = out.stride(1);
+        p.out_row_stride = out.stride(2);
+        p.logsumexp = lse.mutable_data_ptr<float>();
+        p.lse_batch_stride = lse.stride(0);
+        p.lse_head_stride = lse.stride(1);
+        p.lse_row_stride = lse.stride(2);
+        attn::forward(p);
+        return std::make_tuple(out, lse);
+      },
+      query);
+  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
+  return result;
 }
 
 }  // namespace ember::kernels

@@ -89,6 +89,10 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          const std::optional<at::Tensor>& attn_mask,
                          double dropout_p, bool is_causal,
                          std::optional<double> scale, bool enable_gqa);
+std::tuple<at::Tensor, at::Tensor> flash_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    double dropout_p, bool is_causal,
+    const std::optional<at::Tensor>& attn_mask, std::optional<double> scale);
 
 // elementwise/Activations.cpp: ember's vector kernels by default.
 at::Tensor tanh(const at::Tensor& self);

@@ -67,6 +67,11 @@ void transpose_tile_scalar(const float* src, int64_t src_stride, float* dst,
 
 }  // namespace
 
+void transpose_16x16(const float* src, int64_t src_stride, float* dst,
+                     int64_t dst_stride) {
+  transpose_tile_16x16(src, src_stride, dst, dst_stride);
+}
+
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw) {
   static const bool avx512 = runtime::cpu_features().avx512f;

@@ -11,4 +11,9 @@ namespace ember::kernels {
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw);
 
+// dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 16, in
+// AVX-512 registers (callers check runtime::cpu_features().avx512f).
+void transpose_16x16(const float* src, int64_t src_stride, float* dst,
+                     int64_t dst_stride);
+
 }  // namespace ember::kernels

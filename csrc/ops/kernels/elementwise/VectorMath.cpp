@@ -73,6 +73,13 @@ __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
                               _mm512_mask_blend_ps(as_is, small, x));
 }
 
+// exp(d) for d <= 0, flushed to 0 below `lowest` (and for -inf).
+__attribute__((target("avx512f"))) inline __m512 exp_or_zero(__m512 d,
+                                                             __m512 lowest) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(d, lowest, _CMP_GE_OQ);
+  return _mm512_maskz_mov_ps(keep, exp_ps(_mm512_max_ps(d, lowest)));
+}
+
 __attribute__((target("avx512f"))) void tanh_chunk(const float* in, float* out,
                                                    int64_t n) {
   int64_t i = 0;
@@ -87,6 +94,52 @@ __attribute__((target("avx512f"))) void tanh_chunk(const float* in, float* out,
 }
 
 }  // namespace
+
+__attribute__((target("avx512f"))) float max_f32(const float* row, int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 v =
+        _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tail, row + i);
+    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    best = _mm512_max_ps(best, v);
+  }
+  return nan ? NAN : _mm512_reduce_max_ps(best);
+}
+
+__attribute__((target("avx512f"))) float exp_shifted_sum_f32(float* row,
+                                                             int64_t n,
+                                                             float shift) {
+  const __m512 s = _mm512_set1_ps(shift);
+  // exp of x - shift <= 0; below -87 the result is 0 (or denormal), so
+  // clamp there (exp_ps's range) and flush.
+  const __m512 lowest = _mm512_set1_ps(-87.0f);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e =
+        exp_or_zero(_mm512_sub_ps(_mm512_loadu_ps(row + i), s), lowest);
+    _mm512_storeu_ps(row + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(
+        tail,
+        exp_or_zero(_mm512_sub_ps(_mm512_mask_loadu_ps(s, tail, row + i), s),
+                    lowest));
+    _mm512_mask_storeu_ps(row + i, tail, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return _mm512_reduce_add_ps(sum);
+}
 
 bool vector_math_supported() {
   static const bool supported = runtime::cpu_features().avx512f;

@@ -15,4 +15,10 @@ bool vector_math_supported();
 // out[i] = tanh(in[i]) for i < n; `in` and `out` may be the same array.
 void tanh_f32(const float* in, float* out, int64_t n);
 
+// Softmax pieces over one row of n floats (n >= 1):
+// the largest value (-inf for an all -inf row; NaN if any is NaN),
+float max_f32(const float* row, int64_t n);
+// row[i] = exp(row[i] - shift) in place; returns the sum of the results.
+float exp_shifted_sum_f32(float* row, int64_t n, float shift);
+
 }  // namespace ember::kernels

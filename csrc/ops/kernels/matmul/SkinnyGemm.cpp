@@ -225,7 +225,8 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
                      int64_t ldc) {
   static const KernelTable<F32Block, MakeF32> kernels;
   const int64_t panels = panel_count(b.n);
-  const int64_t panel_stride = b.k * kPanelWidth;
+  const int64_t panel_stride =
+      b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
   for_panel_groups(b.n, b.k * kGroupPanels * kPanelWidth * 4, [&](int64_t g) {
     const int64_t p0 = g * kGroupPanels;
     const int64_t np = std::min(kGroupPanels, panels - p0);

@@ -19,6 +19,9 @@ struct PanelPackedF32 {
   const float* data = nullptr;
   int64_t k = 0;
   int64_t n = 0;
+  // Elements from one panel to the next; 0 means k * 16. Larger when only
+  // the first k rows of taller panels take part.
+  int64_t panel_stride = 0;
   static size_t bytes(int64_t k, int64_t n);
 };
 

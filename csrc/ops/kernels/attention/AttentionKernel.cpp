@@ -1,0 +1,255 @@
+#include "ops/kernels/attention/AttentionKernel.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "ops/kernels/LayoutTranspose.h"
+#include "ops/kernels/elementwise/VectorMath.h"
+#include "ops/kernels/matmul/SkinnyGemm.h"
+
+namespace ember::kernels::attention {
+namespace {
+
+// Fortran BLAS sgemm (column-major, 32-bit integers), as exported by the
+// libtorch_cpu that PyTorch's CPU wheels build with MKL.
+using Sgemm = void (*)(const char*, const char*, const int*, const int*,
+                       const int*, const float*, const float*, const int*,
+                       const float*, const int*, const float*, float*,
+                       const int*);
+
+Sgemm find_sgemm() {
+  void* self = dlopen(nullptr, RTLD_LAZY);
+  void* symbol = self ? dlsym(self, "sgemm_") : nullptr;
+  if (symbol == nullptr) {
+    void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
+    symbol = torch_cpu ? dlsym(torch_cpu, "sgemm_") : nullptr;
+  }
+  return reinterpret_cast<Sgemm>(symbol);
+}
+
+Sgemm sgemm() {
+  static const Sgemm fn = find_sgemm();
+  return fn;
+}
+
+// Scale-and-mask is done; row r of `s` (cols wide) holds query row row0 + r.
+// Turns each row into unnormalised probabilities, stores its logsumexp and
+// returns 1 / (row sum) per row in `inverse_sums`.
+void softmax_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
+                  int64_t rows, int64_t cols, float* s, float* inverse_sums) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * cols;
+    const int64_t i = row0 + r;
+    if (p.mask.data != nullptr) {
+      const float* m = p.mask.data + b * p.mask.batch_stride +
+                       h * p.mask.head_stride + i * p.mask.row_stride;
+      for (int64_t j = 0; j < cols; ++j) row[j] += m[j];
+    }
+    const int64_t visible = p.causal ? std::min(cols, i + 1) : cols;
+    std::fill(row + visible, row + cols,
+              -std::numeric_limits<float>::infinity());
+    const float max = max_f32(row, cols);
+    float* lse = p.logsumexp + b * p.lse_batch_stride + h * p.lse_head_stride +
+                 i * p.lse_row_stride;
+    if (std::isnan(max)) {
+      std::fill(row, row + cols, std::numeric_limits<float>::quiet_NaN());
+      inverse_sums[r] = 1.0f;
+      *lse = max;
+    } else if (max == -std::numeric_limits<float>::infinity()) {
+      // Every key masked: a zero row and a logsumexp of 0, as CPU's flash
+      // kernel gives them.
+      std::fill(row, row + cols, 0.0f);
+      inverse_sums[r] = 0.0f;
+      *lse = 0.0f;
+    } else {
+      const float sum = exp_shifted_sum_f32(row, cols, max);
+      inverse_sums[r] = 1.0f / sum;
+      *lse = max + std::log(sum);
+    }
+  }
+}
+
+void normalise_rows(float* out, int64_t row_stride, int64_t rows, int64_t width,
+                    const float* inverse_sums) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * row_stride;
+    for (int64_t d = 0; d < width; ++d) o[d] *= inverse_sums[r];
+  }
+}
+
+int64_t visible_cols(const Problem& p, int64_t row0, int64_t rows) {
+  return p.causal ? std::min(p.kv_len, row0 + rows) : p.kv_len;
+}
+
+// A few query rows (decode): both products straight from the operands by
+// the BLAS, no packing (the keys and values are read once either way).
+void blas_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
+               int64_t rows, std::vector<float>& scores) {
+  const int64_t cols = visible_cols(p, row0, rows);
+  scores.resize(static_cast<size_t>(rows * cols + rows));
+  float* s = scores.data();
+  float* inverse_sums = s + rows * cols;
+  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
+                   row0 * p.q.row_stride;
+  const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
+  const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+  float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
+               row0 * p.out_row_stride;
+  const int n_cols = static_cast<int>(cols), n_rows = static_cast<int>(rows);
+  const int dim = static_cast<int>(p.head_dim);
+  const int v_dim = static_cast<int>(p.v_dim);
+  const int ldq = static_cast<int>(p.q.row_stride);
+  const int ldk = static_cast<int>(p.k.row_stride);
+  const int ldv = static_cast<int>(p.v.row_stride);
+  const int ldo = static_cast<int>(p.out_row_stride);
+  const float zero = 0.0f, one = 1.0f;
+  // S (rows x cols, row-major) = scale * Q K^T: column-major, S^T = K Q^T.
+  sgemm()("T", "N", &n_cols, &n_rows, &dim, &p.scale, k, &ldk, q, &ldq, &zero,
+          s, &n_cols);
+  softmax_rows(p, b, h, row0, rows, cols, s, inverse_sums);
+  // O (rows x v_dim, row stride ldo) = P V: column-major, O^T = V^T P^T.
+  sgemm()("N", "N", &v_dim, &n_rows, &n_cols, &one, v, &ldv, s, &n_cols, &zero,
+          out, &ldo);
+  normalise_rows(out, p.out_row_stride, rows, p.v_dim, inverse_sums);
+}
+
+// A float buffer aligned to 64 bytes (the panel kernel's aligned loads).
+class AlignedFloats {
+ public:
+  float* resize(int64_t n) {
+    storage_.resize(static_cast<size_t>(n + 16));
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
+    return storage_.data() + ((64 - address % 64) % 64) / sizeof(float);
+  }
+
+ private:
+  std::vector<float> storage_;
+};
+
+// K^T (dim x keys) as panels of 16 keys: panel p is [dim][16], zero past
+// the last key. Full 16 x 16 tiles are transposed in registers.
+void pack_key_panels(const float* k, int64_t row_stride, int64_t keys,
+                     int64_t dim, float* panels) {
+  constexpr int64_t kW = matmul::kPanelWidth;
+  for (int64_t key0 = 0; key0 < keys; key0 += kW) {
+    float* panel = panels + key0 * dim;  // (key0 / 16) * dim * 16
+    const int64_t n = std::min(kW, keys - key0);
+    int64_t d0 = 0;
+    if (n == kW) {
+      for (; d0 + kW <= dim; d0 += kW) {
+        transpose_16x16(k + key0 * row_stride + d0, row_stride, panel + d0 * kW,
+                        kW);
+      }
+    }
+    for (int64_t d = d0; d < dim; ++d) {
+      for (int64_t j = 0; j < kW; ++j) {
+        panel[d * kW + j] = j < n ? k[(key0 + j) * row_stride + d] : 0.0f;
+      }
+    }
+  }
+}
+
+// V (keys x v_dim) as panels of 16 columns: panel p is [keys][16].
+void pack_value_panels(const float* v, int64_t row_stride, int64_t keys,
+                       int64_t v_dim, float* panels) {
+  constexpr int64_t kW = matmul::kPanelWidth;
+  for (int64_t c0 = 0; c0 < v_dim; c0 += kW) {
+    float* panel = panels + c0 * keys;  // (c0 / 16) * keys * 16
+    const int64_t n = std::min(kW, v_dim - c0);
+    for (int64_t j = 0; j < keys; ++j) {
+      const float* src = v + j * row_stride + c0;
+      float* dst = panel + j * kW;
+      std::copy(src, src + n, dst);
+      std::fill(dst + n, dst + kW, 0.0f);
+    }
+  }
+}
+
+// Scratch of one thread for a (batch, head): K^T and V as panels of 16
+// columns (the skinny GEMM's layout), one block of scores.
+struct HeadScratch {
+  AlignedFloats keys, values;
+  std::vector<float> scores, inverse_sums;
+};
+
+// Many query rows (prefill, encoders): K^T and V are packed once per head,
+// then every block of 16 query rows runs ember's AVX-512 panel kernel
+// (6 x 64 register tiles) for both products.
+void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
+  using matmul::kPanelWidth;
+  using matmul::kSkinnyMaxRows;
+  const int64_t key_panels = (p.kv_len + kPanelWidth - 1) / kPanelWidth;
+  const int64_t value_panels = (p.v_dim + kPanelWidth - 1) / kPanelWidth;
+  float* keys = scratch.keys.resize(key_panels * p.head_dim * kPanelWidth);
+  float* values = scratch.values.resize(value_panels * p.kv_len * kPanelWidth);
+  scratch.scores.resize(static_cast<size_t>(kSkinnyMaxRows * p.kv_len));
+  scratch.inverse_sums.resize(kSkinnyMaxRows);
+  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride;
+  const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
+  const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+  float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
+  // K^T (head_dim x kv_len) and V (kv_len x v_dim) into panels.
+  pack_key_panels(k, p.k.row_stride, p.kv_len, p.head_dim, keys);
+  pack_value_panels(v, p.v.row_stride, p.kv_len, p.v_dim, values);
+  std::vector<float> scaled_q(static_cast<size_t>(kSkinnyMaxRows * p.head_dim));
+  for (int64_t row0 = 0; row0 < p.q_len; row0 += kSkinnyMaxRows) {
+    const int64_t rows = std::min(kSkinnyMaxRows, p.q_len - row0);
+    const int64_t cols = visible_cols(p, row0, rows);
+    // The scale goes on Q (rows x head_dim) rather than on the scores.
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* src = q + (row0 + r) * p.q.row_stride;
+      float* dst = scaled_q.data() + r * p.head_dim;
+      for (int64_t d = 0; d < p.head_dim; ++d) dst[d] = src[d] * p.scale;
+    }
+    float* s = scratch.scores.data();
+    matmul::skinny_gemm_f32(scaled_q.data(), p.head_dim, rows,
+                            matmul::PanelPackedF32{keys, p.head_dim, cols},
+                            nullptr, s, cols);
+    softmax_rows(p, b, h, row0, rows, cols, s, scratch.inverse_sums.data());
+    float* o = out + row0 * p.out_row_stride;
+    matmul::skinny_gemm_f32(
+        s, cols, rows,
+        matmul::PanelPackedF32{values, cols, p.v_dim, p.kv_len * kPanelWidth},
+        nullptr, o, p.out_row_stride);
+    normalise_rows(o, p.out_row_stride, rows, p.v_dim,
+                   scratch.inverse_sums.data());
+  }
+}
+
+}  // namespace
+
+bool supported() { return vector_math_supported() && sgemm() != nullptr; }
+
+bool fits(const Problem& p) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  return p.q_len > 0 && p.kv_len > 0 && p.head_dim > 0 && p.v_dim > 0 &&
+         p.kv_len <= kMax / 64 && p.head_dim <= kMax && p.v_dim <= kMax &&
+         p.q.row_stride <= kMax && p.k.row_stride <= kMax &&
+         p.v.row_stride <= kMax && p.out_row_stride <= kMax;
+}
+
+void forward(const Problem& p) {
+  if (p.q_len >= matmul::kSkinnyMaxRows) {
+    at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+      HeadScratch scratch;
+      for (int64_t t = begin; t < end; ++t) {
+        panel_head(p, t / p.heads, t % p.heads, scratch);
+      }
+    });
+    return;
+  }
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t t = begin; t < end; ++t) {
+      blas_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores);
+    }
+  });
+}
+
+}  // namespace ember::kernels::attention

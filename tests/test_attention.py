@@ -1,0 +1,127 @@
+"""ember's own attention kernel (ops/kernels/attention/): the default for
+scaled_dot_product_attention's flash path on ember. Checked against float64
+across shapes, masks and layouts, with CPU's result layouts and logsumexp
+(backward uses it), and the CPU-parity switch restoring CPU's kernel bit for
+bit. Kernel selection itself is tests/test_backends_sdpa.py's."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_ember  # noqa: F401
+
+DEVICE = "ember"
+be = torch.backends.ember
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _qkv(b, h, lq, lk, d, dv=None, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # transformers' layout: [batch, seq, head, dim] seen as [batch, head, seq, dim]
+    q = torch.randn(b, lq, h, d, generator=g).transpose(1, 2)
+    k = torch.randn(b, lk, h, d, generator=g).transpose(1, 2)
+    v = torch.randn(b, lk, h, dv or d, generator=g).transpose(1, 2)
+    return q, k, v
+
+
+def _reference(q, k, v, mask, causal):
+    m = None if mask is None else mask.double()
+    return F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=m, is_causal=causal
+    )
+
+
+def _mask(kind, b, h, lq, lk):
+    g = torch.Generator().manual_seed(7)
+    if kind is None:
+        return None
+    if kind == "additive":
+        return torch.randn(b, h, lq, lk, generator=g)
+    if kind == "broadcast":
+        return torch.randn(b, 1, 1, lk, generator=g)
+    if kind == "padding":  # BERT's: padded keys at -inf
+        m = torch.zeros(b, 1, lq, lk)
+        m[..., lk - lk // 3 :] = float("-inf")
+        return m
+    raise ValueError(kind)
+
+
+SHAPES = [
+    (1, 12, 128, 128, 64),  # BERT-base
+    (2, 3, 37, 53, 16),
+    (1, 4, 200, 200, 32),
+    (2, 2, 17, 9, 24),  # head dim not a multiple of 16
+    (1, 12, 1, 77, 64),  # decode: one query row
+    (3, 2, 5, 300, 8),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mask_kind", [None, "additive", "broadcast", "padding"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_float64_with_cpu_layouts(shape, mask_kind, causal):
+    b, h, lq, lk, d = shape
+    q, k, v = _qkv(b, h, lq, lk, d, seed=lq + lk)
+    mask = _mask(mask_kind, b, h, lq, lk)
+    out_cpu, lse_cpu = FLASH(q, k, v, 0.0, causal, attn_mask=mask)
+    qe, ke, ve = (t.to(DEVICE) for t in (q, k, v))
+    me = None if mask is None else mask.to(DEVICE)
+    out, lse = FLASH(qe, ke, ve, 0.0, causal, attn_mask=me)
+    assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
+    ref = _reference(q, k, v, mask, causal)
+    err = (out.cpu().double() - ref).abs().max().item()
+    cpu_err = (out_cpu.double() - ref).abs().max().item()
+    assert err <= 4 * cpu_err + 1e-6, (err, cpu_err)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-5, atol=1e-5)
+    out2, _ = FLASH(qe, ke, ve, 0.0, causal, attn_mask=me)
+    assert torch.equal(out.cpu(), out2.cpu())  # reproducible
+
+
+def test_fully_masked_rows_and_nan_match_cpu():
+    q, k, v = _qkv(1, 2, 3, 5, 4)
+    mask = torch.zeros(1, 1, 3, 5)
+    mask[..., 1, :] = float("-inf")
+    mask[..., 2, 0] = float("nan")
+    out_cpu, lse_cpu = FLASH(q, k, v, 0.0, False, attn_mask=mask)
+    out, lse = FLASH(*(t.to(DEVICE) for t in (q, k, v)), 0.0, False, attn_mask=mask.to(DEVICE))
+    torch.testing.assert_close(out.cpu(), out_cpu, equal_nan=True)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, equal_nan=True)
+
+
+def test_sdpa_with_boolean_mask_and_scale():
+    q, k, v = _qkv(2, 4, 33, 33, 32)
+    keep = torch.rand(2, 1, 33, 33, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep[..., 0] = True
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=0.3)
+    out = F.scaled_dot_product_attention(
+        *(t.to(DEVICE) for t in (q, k, v)), attn_mask=keep.to(DEVICE), scale=0.3
+    )
+    torch.testing.assert_close(out.cpu(), ref)
+
+
+def test_backward_matches_cpu():
+    q, k, v = _qkv(1, 3, 20, 20, 16)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    leaves_e = [t.detach().to(DEVICE).requires_grad_() for t in (q, k, v)]
+    F.scaled_dot_product_attention(*leaves, is_causal=True).square().sum().backward()
+    F.scaled_dot_product_attention(*leaves_e, is_causal=True).square().sum().backward()
+    for a, b in zip(leaves_e, leaves):
+        torch.testing.assert_close(a.grad.cpu(), b.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_route_is_observable(capfd):
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's attention kernel needs AVX-512F")
+    q, k, v = (t.to(DEVICE) for t in _qkv(1, 2, 20, 20, 16))
+    with be.verbose(1):
+        F.scaled_dot_product_attention(q, k, v)
+    assert "ember/attention" in capfd.readouterr().err
+
+
+@pytest.mark.cpu_parity
+def test_parity_is_bitwise():
+    q, k, v = _qkv(1, 12, 64, 64, 64)
+    mask = _mask("additive", 1, 12, 64, 64)
+    ref = FLASH(q, k, v, 0.0, False, attn_mask=mask)
+    out = FLASH(*(t.to(DEVICE) for t in (q, k, v)), 0.0, False, attn_mask=mask.to(DEVICE))
+    assert torch.equal(out[0].cpu(), ref[0]) and torch.equal(out[1].cpu(), ref[1])
