@@ -77,12 +77,19 @@ CHANGED = {
 
 # Invalid values per flags() keyword, with a pattern the error must contain.
 _BOOL = r"True or False"
+_COUNT = r"an int in \[0, 2\*\*63 - 1\]"
 INVALID = {
     "cpu_parity": [("yes", _BOOL), (1, _BOOL)],
-    "packed_weights_limit": [(-1, r">= 0"), (True, r">= 0"), (1.5, r">= 0")],
+    "packed_weights_limit": [(-1, _COUNT), (True, _COUNT), (1.5, _COUNT), (2**70, _COUNT)],
     "deterministic": [("yes", _BOOL), (1, _BOOL), (None, _BOOL)],
     "benchmark": [("true", _BOOL), (0, _BOOL)],
-    "benchmark_limit": [(-1, r">= 0"), (True, r">= 0"), (2.5, r">= 0"), ("8", r">= 0")],
+    "benchmark_limit": [
+        (-1, _COUNT),
+        (True, _COUNT),
+        (2.5, _COUNT),
+        ("8", _COUNT),
+        (2**63, _COUNT),
+    ],
     "fallback": [("strict", r"'allow', 'warn', 'error'"), (True, r"'allow', 'warn', 'error'")],
     "matmul_fp32_precision": [
         ("tf32", r"'ieee', 'bf16', 'bf16x3', 'none'"),

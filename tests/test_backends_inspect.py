@@ -228,7 +228,8 @@ def test_info_reports_a_missing_part_instead_of_failing(monkeypatch):
     def broken():
         raise RuntimeError("not built")
 
-    monkeypatch.setattr(ember_backends, "capabilities", broken)
+    # The module's names are protected from assignment: patch its namespace.
+    monkeypatch.setitem(vars(ember_backends), "capabilities", broken)
     report = info.collect()
     assert report["cpu"]["capabilities"].startswith("not available")
     assert "not available: RuntimeError: not built" in info.render(report)

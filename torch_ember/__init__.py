@@ -23,7 +23,7 @@ import torch
 
 from torch_ember import _C
 
-_C._initialize()  # raises for an invalid EMBER_DEVICES
+_C._initialize()  # an invalid EMBER_* value is raised at first use, not here
 
 
 def _drain_autograd_at_exit() -> None:

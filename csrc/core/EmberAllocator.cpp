@@ -12,6 +12,7 @@
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
+#include "flags/Environment.h"
 #include "observe/ExecutionPath.h"
 #include "observe/OpLog.h"
 
@@ -52,10 +53,8 @@ struct alignas(64) CpuKernelHeader {
 // checked (with the header) when it is freed; a mismatch names the op.
 constexpr size_t kCanaryBytes = 256;
 constexpr unsigned char kCanary = 0xEB;
-const bool kHeapChecks = [] {
-  const char* value = std::getenv("EMBER_DEBUG_HEAP");
-  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
-}();
+const bool kHeapChecks =
+    flags::env_switch("EMBER_DEBUG_HEAP", "heap checks").value_or(false);
 
 void check_heap_block(const CpuKernelHeader* header, const void* data) {
   if (header->magic != CpuKernelHeader::kMagic) {

@@ -4,10 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "ember/runtime/cpu_features.h"
+#include "flags/Environment.h"
 
 namespace ember::flags {
 namespace {
@@ -15,12 +14,8 @@ namespace {
 // -1 in a precision slot means "not set: follow torch's global setting".
 constexpr int8_t kFollowGlobal = -1;
 
-bool env_is_on(const char* name) {
-  const char* value = std::getenv(name);
-  return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
-}
-
-std::atomic<bool> g_cpu_parity{env_is_on("EMBER_CPU_PARITY")};
+std::atomic<bool> g_cpu_parity{
+    env_switch("EMBER_CPU_PARITY", "cpu_parity").value_or(false)};
 std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_benchmark{false};
 std::atomic<int64_t> g_benchmark_limit{100};
@@ -30,25 +25,16 @@ std::atomic<int8_t> g_conv_precision{kFollowGlobal};
 std::atomic<bool> g_bf16x3_faster{runtime::cpu_features().amx_bf16};
 std::atomic<uint8_t> g_blas{static_cast<uint8_t>(BlasLibrary::kDefault)};
 
-int initial_verbose_level() {
-  const char* value = std::getenv("EMBER_VERBOSE");
-  return value == nullptr ? 0 : std::atoi(value);
-}
-std::atomic<int> g_verbose{initial_verbose_level()};
+std::atomic<int> g_verbose{env_verbose_level().value_or(0)};
 
 FallbackPolicy initial_fallback_policy() {
+  // Both are read (and validated) whatever the other holds.
   // EMBER_STRICT=1 predates the policy flag and still means "error".
-  const char* strict = std::getenv("EMBER_STRICT");
-  if (strict != nullptr && *strict != '\0' && std::strcmp(strict, "0") != 0) {
-    return FallbackPolicy::kError;
-  }
-  const char* policy = std::getenv("EMBER_FALLBACK");
-  if (policy != nullptr && std::strcmp(policy, "warn") == 0) {
-    return FallbackPolicy::kWarn;
-  }
-  if (policy != nullptr && std::strcmp(policy, "error") == 0) {
-    return FallbackPolicy::kError;
-  }
+  const bool strict = env_switch("EMBER_STRICT", "strict").value_or(false);
+  const auto policy = env_fallback_policy();
+  if (strict) return FallbackPolicy::kError;
+  if (policy == "warn") return FallbackPolicy::kWarn;
+  if (policy == "error") return FallbackPolicy::kError;
   return FallbackPolicy::kAllow;
 }
 std::atomic<uint8_t> g_fallback{
@@ -198,7 +184,7 @@ void set_blas_library(BlasLibrary library) {
 int verbose_level() { return g_verbose.load(std::memory_order_relaxed); }
 void set_verbose_level(int level) {
   TORCH_CHECK_VALUE(level >= 0 && level <= 2,
-                    "verbose level must be 0, 1 or 2, got ", level);
+                    verbose_level_message(std::to_string(level)));
   g_verbose.store(level);
 }
 

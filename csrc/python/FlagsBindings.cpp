@@ -6,6 +6,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "flags/BackendFlags.h"
+#include "flags/Environment.h"
 #include "observe/OpLog.h"
 #include "ops/kernels/tuning/Autotune.h"
 
@@ -25,8 +26,7 @@ flags::FallbackPolicy parse_fallback(const std::string& name) {
   if (name == "allow") return flags::FallbackPolicy::kAllow;
   if (name == "warn") return flags::FallbackPolicy::kWarn;
   if (name == "error") return flags::FallbackPolicy::kError;
-  TORCH_CHECK_VALUE(false, "fallback must be one of 'allow', 'warn', ",
-                    "'error', got '", name, "'");
+  TORCH_CHECK_VALUE(false, flags::fallback_message("'" + name + "'"));
 }
 }  // namespace
 

@@ -16,6 +16,7 @@
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/cpu_features.h"
 #include "ember/runtime/device.h"
+#include "flags/Environment.h"
 #include "ops/FallbackStats.h"
 #include "ops/RegisterEmberOps.h"
 #include "ops/kernels/matmul/PackedWeights.h"
@@ -126,6 +127,7 @@ py::dict fallback_stats_dict() {
 // alive, GIL released): one tiny backward per device, on tensors Python
 // never saw, queues behind whatever the thread still holds.
 void drain_autograd_device_threads() {
+  if (rt::invalid_configuration() != nullptr) return;  // no device ever ran
   py::gil_scoped_release no_gil;
   at::AutoGradMode grad_mode(true);
   for (int device = 0; device < rt::device_count(); ++device) {
@@ -137,9 +139,25 @@ void drain_autograd_device_threads() {
   }
 }
 
-// Raises at import for a bad EMBER_DEVICES, then wires the device into ATen.
+// The message of every invalid EMBER_* variable, one per line; empty when
+// all are valid.
+std::string configuration_error_message() {
+  std::string message;
+  for (const std::string& error : flags::environment_errors()) {
+    if (!message.empty()) message += "\n";
+    message += error;
+  }
+  return message;
+}
+
+// Wires the device into ATen. Never raises for a bad setting: an invalid
+// EMBER_* value is handed to the runtime, which raises it at the first use
+// of an ember device, so `import torch` keeps working for CPU-only code.
 void initialize() {
-  translate_runtime_errors([] { return rt::device_count(); });
+  if (const std::string message = configuration_error_message();
+      !message.empty()) {
+    rt::report_invalid_configuration(message);
+  }
   register_hooks();
   install_cpu_allocation_capture();
   register_cpu_kernel_delegation();
@@ -154,6 +172,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "ember device backend (C++ core)";
   m.def("_initialize", &initialize);
   m.def("_drain_autograd_device_threads", &drain_autograd_device_threads);
+  // The invalid-settings message ember raises at first use, or None.
+  m.def("_configuration_error", []() -> std::optional<std::string> {
+    if (const std::string* error = rt::invalid_configuration()) return *error;
+    return std::nullopt;
+  });
   m.def("device_count", [] {
     return translate_runtime_errors([] { return rt::device_count(); });
   });
@@ -177,7 +200,7 @@ PYBIND11_MODULE(_C, m) {
     // cache goes too.
     tuning::clear_cache();
     matmul::clear_pack_cache();
-    device_allocator()->emptyCache();
+    translate_runtime_errors([] { device_allocator()->emptyCache(); });
   });
   m.def("pack_cache_info", [] {
     const matmul::PackCacheStats s = matmul::pack_cache_stats();

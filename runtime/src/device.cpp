@@ -42,6 +42,9 @@ DeviceProperties make_properties(int index) {
 
 thread_local int current_device_index = 0;
 
+// Set once by report_invalid_configuration; never freed.
+std::atomic<const std::string*> configuration_error{nullptr};
+
 // Devices created so far. Deliberately never destroyed: tensors released
 // during static destruction (or by other libraries' exit handlers) still
 // free into a live allocator; the OS reclaims the segments at exit. Both
@@ -133,7 +136,23 @@ int parse_device_count(const char* value) {
   return count;
 }
 
+void report_invalid_configuration(const std::string& message) {
+  const std::string* expected = nullptr;
+  auto* reported = new std::string(message);  // lives as long as the process
+  if (!configuration_error.compare_exchange_strong(expected, reported)) {
+    delete reported;
+  }
+}
+
+const std::string* invalid_configuration() {
+  return configuration_error.load(std::memory_order_acquire);
+}
+
 int device_count() {
+  if (const std::string* error =
+          configuration_error.load(std::memory_order_acquire)) [[unlikely]] {
+    throw InvalidConfiguration(*error);
+  }
   // A throwing initializer leaves the static uninitialized, so a bad value
   // keeps raising on every call instead of being half-applied.
   static const int count = parse_device_count(std::getenv("EMBER_DEVICES"));

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,6 +105,40 @@ TEST(Fork, DeviceCreatedInTheChildWorks) {
   int status = 0;
   ASSERT_TRUE(exited_within(pid, std::chrono::seconds(20), &status));
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+}  // namespace
+}  // namespace ember::runtime
+
+namespace ember::runtime {
+namespace {
+
+// report_invalid_configuration is irreversible, so it runs in a child.
+TEST(Configuration, ReportedErrorIsRaisedByEveryDeviceUse) {
+  ASSERT_EQ(invalid_configuration(), nullptr);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    report_invalid_configuration("EMBER_VERBOSE='7' is invalid");
+    report_invalid_configuration("second report");  // the first one stays
+    int raised = 0;
+    for (auto use :
+         {+[] { (void)device_count(); }, +[] { (void)device(0); },
+          +[] { check_device_index(0); }, +[] { set_current_device(0); }}) {
+      try {
+        use();
+      } catch (const InvalidConfiguration& error) {
+        raised += std::string(error.what()) == "EMBER_VERBOSE='7' is invalid";
+      }
+    }
+    const bool kept =
+        *invalid_configuration() == "EMBER_VERBOSE='7' is invalid";
+    _exit(raised == 4 && kept ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_TRUE(exited_within(pid, std::chrono::seconds(20), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NO_THROW(device_count());  // the parent is untouched
 }
 
 }  // namespace

@@ -202,10 +202,19 @@ def packed_weights_info() -> dict[str, int]:
     return dict(_C.pack_cache_info())
 
 
+# Counts stored in C++ as int64: larger values are out of range, not a type
+# error from the binding.
+_INT64_MAX = 2**63 - 1
+
+
+def _check_count(what: str, value: Any, unit: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+        raise ValueError(f"{what} must be an int in [0, 2**63 - 1] ({unit}); got {value!r}")
+    return value
+
+
 def _set_packed_weights_limit(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"packed_weights_limit must be an int >= 0 (bytes); got {value!r}")
-    _C.set_pack_cache_limit(value)
+    _C.set_pack_cache_limit(_check_count("packed_weights_limit", value, "bytes"))
 
 
 # name -> (getter, setter-with-validation)
@@ -231,9 +240,7 @@ _PROPERTIES: dict[str, tuple[Any, Any]] = {
 
 
 def _set_benchmark_limit(value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"benchmark_limit must be an int >= 0 (0 = unbounded); got {value!r}")
-    _flags.set_benchmark_limit(value)
+    _flags.set_benchmark_limit(_check_count("benchmark_limit", value, "0 = unbounded"))
 
 
 _PROPERTIES["benchmark_limit"] = (_flags.benchmark_limit, _set_benchmark_limit)
@@ -307,10 +314,22 @@ def flags(**settings: Any) -> Iterator[None]:
         set_flags(**previous)
 
 
+# How to change what an assignment to a protected name would have replaced.
+_ASSIGNMENT_HINTS = {
+    "matmul": "set torch.backends.ember.matmul.fp32_precision",
+    "conv": "set torch.backends.ember.conv.fp32_precision",
+    "verbose": "call torch.backends.ember.verbose(level)",
+    "flags": "use torch.backends.ember.flags(...) or set_flags(...)",
+    "preferred_blas_library": "call torch.backends.ember.preferred_blas_library(name)",
+}
+
+
 class _EmberBackendModule(types.ModuleType):
-    """Module type whose switches are validated properties; any other
-    assignment or lookup of an unknown name raises AttributeError with the
-    closest known name."""
+    """Module type whose switches are validated properties. Only those
+    (``_PROPERTIES``) are assignable; every other name of the module --
+    ``matmul``, ``verbose``, ``flags``, ``version``, ... -- is protected from
+    assignment and deletion (replacing one would break the flag API), and an
+    unknown name raises AttributeError with the closest known name."""
 
     def __getattr__(self, name: str) -> Any:
         if name in _PROPERTIES:
@@ -321,10 +340,25 @@ class _EmberBackendModule(types.ModuleType):
         if name in _PROPERTIES:
             _PROPERTIES[name][1](value)
             return
-        if name in self.__dict__ or name.startswith("__"):
+        if name.startswith("__") and name.endswith("__"):
+            # Module machinery (importlib sets __spec__, __loader__, ...).
             super().__setattr__(name, value)
             return
+        if name in self.__dict__:
+            raise self._protected(name, "assigned")
         raise _no_such_attribute("torch.backends.ember", name, self._known())
+
+    def __delattr__(self, name: str) -> None:
+        if name in _PROPERTIES or name in self.__dict__:
+            raise self._protected(name, "deleted")
+        raise _no_such_attribute("torch.backends.ember", name, self._known())
+
+    @staticmethod
+    def _protected(name: str, what: str) -> AttributeError:
+        hint = _ASSIGNMENT_HINTS.get(name)
+        settable = ", ".join(sorted(_PROPERTIES))
+        how = hint if hint is not None else f"the assignable switches are {settable}"
+        return AttributeError(f"torch.backends.ember.{name} cannot be {what}; {how}")
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(_PROPERTIES))

@@ -32,9 +32,10 @@ def is_built() -> bool:
 
 
 def is_available() -> bool:
-    """True when ember has a device to run on (the extension loaded and
-    EMBER_DEVICES, default 1, was valid: an invalid value fails the import)."""
-    return _C.device_count() > 0
+    """True when ember has a device to run on: the extension loaded and every
+    EMBER_* variable is valid (else False with a warning naming it, and any
+    use of ember raises that error; see torch.ember.is_available)."""
+    return torch.ember.is_available()
 
 
 def version() -> dict[str, str]:

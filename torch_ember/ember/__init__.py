@@ -1,5 +1,6 @@
 """``torch.ember``: the device module, in the shape of ``torch.cuda``."""
 
+import warnings
 from typing import Any
 
 import torch
@@ -20,7 +21,6 @@ from torch_ember.ember.memory import (
     set_per_process_memory_fraction,
 )
 from torch_ember.ember.random import (
-    default_generators,
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -42,7 +42,22 @@ from torch_ember.ember.streams import (
 )
 
 
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":  # made at first use (ember.random)
+        from torch_ember.ember import random
+
+        return random.default_generators
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def is_available() -> bool:
+    """False, with a warning naming the setting, when an EMBER_* variable is
+    invalid (as torch.cuda.is_available when CUDA cannot initialize); using
+    ember then raises that error."""
+    error = _C._configuration_error()
+    if error is not None:
+        warnings.warn(f"ember is not available: {error}", stacklevel=2)
+        return False
     return _C.device_count() > 0
 
 

@@ -7,13 +7,26 @@ import torch
 from torch_ember import _C
 from torch_ember.ember._utils import _device_index
 
-default_generators: tuple[torch.Generator, ...] = tuple(
-    _C.default_generator(i) for i in range(_C.device_count())
-)
+_default_generators: tuple[torch.Generator, ...] | None = None
+
+
+def _generators() -> tuple[torch.Generator, ...]:
+    """One generator per device, made on first use: an invalid EMBER_*
+    setting raises here, at the first use of ember, never at import."""
+    global _default_generators
+    if _default_generators is None:
+        _default_generators = tuple(_C.default_generator(i) for i in range(_C.device_count()))
+    return _default_generators
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":
+        return _generators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _generator(device: Any) -> torch.Generator:
-    return default_generators[_device_index(device, optional=True)]
+    return _generators()[_device_index(device, optional=True)]
 
 
 def get_rng_state(device: Any = "ember") -> torch.Tensor:
@@ -21,7 +34,7 @@ def get_rng_state(device: Any = "ember") -> torch.Tensor:
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
-    return [g.get_state() for g in default_generators]
+    return [g.get_state() for g in _generators()]
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = "ember") -> None:
@@ -29,7 +42,7 @@ def set_rng_state(new_state: torch.Tensor, device: Any = "ember") -> None:
 
 
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
-    for generator, state in zip(default_generators, new_states, strict=True):
+    for generator, state in zip(_generators(), new_states, strict=True):
         generator.set_state(state.cpu())
 
 
@@ -39,7 +52,12 @@ def manual_seed(seed: int) -> None:
 
 
 def manual_seed_all(seed: int) -> None:
-    for generator in default_generators:
+    # torch.manual_seed and torch.seed call this for every program: with an
+    # invalid EMBER_* setting no ember device can ever run, so there is
+    # nothing to seed and a CPU-only program must not fail here.
+    if _C._configuration_error() is not None:
+        return
+    for generator in _generators():
         generator.manual_seed(int(seed))
 
 
@@ -49,7 +67,9 @@ def seed() -> None:
 
 
 def seed_all() -> None:
-    for generator in default_generators:
+    if _C._configuration_error() is not None:
+        return  # as manual_seed_all
+    for generator in _generators():
         generator.seed()
 
 

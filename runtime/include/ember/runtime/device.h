@@ -60,11 +60,20 @@ class Device final {
   StreamPool streams_;
 };
 
-// Parses EMBER_DEVICES once (default 1). Throws InvalidConfiguration.
+// Parses EMBER_DEVICES once (default 1). Throws InvalidConfiguration for
+// an invalid value, or while a configuration error is reported (below).
 int device_count();
 // Parses a value of EMBER_DEVICES; exposed for tests. Throws
 // InvalidConfiguration naming the value and the allowed range.
 int parse_device_count(const char* value);
+
+// Makes every later device_count() -- so every use of a device -- throw
+// InvalidConfiguration(message): how a layer above reports an invalid
+// setting (an EMBER_* environment variable) without failing at load. The
+// first report stays; there is no way back (settings are read once).
+void report_invalid_configuration(const std::string& message);
+// The reported message, or nullptr while the configuration is valid.
+const std::string* invalid_configuration();
 
 // Throws InvalidDevice. Creates the device on first use.
 Device& device(int index);
