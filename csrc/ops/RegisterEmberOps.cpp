@@ -41,6 +41,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("bmm.out", TORCH_FN(kernels::bmm_out));
   m.impl("baddbmm.out", TORCH_FN(kernels::baddbmm_out));
   m.impl("convolution", TORCH_FN(kernels::convolution));
+  m.impl("max_pool2d_with_indices", TORCH_FN(kernels::max_pool2d_with_indices));
   m.impl("_scaled_dot_product_flash_attention_for_cpu",
          TORCH_FN(kernels::flash_attention));
   m.impl("_has_compatible_shallow_copy_type",

@@ -10,6 +10,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_slow_conv2d_forward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mkldnn_convolution.h>
 #include <ATen/ops/mkldnn_reorder_conv2d_weight.h>
 #include <ATen/ops/slow_conv_dilated2d.h>
@@ -237,7 +238,18 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
           return at::mkldnn_convolution(x, packed->onednn, b, p.padding,
                                         p.stride, p.dilation, p.groups);
         }
-        at::Tensor result = convolution_pointwise(x, packed->onednn, b, p);
+        at::Tensor x_in = x;
+        if (!channels_last && x.is_contiguous()) {
+          // oneDNN's own re-layout of an NCHW input is ATen's strided copy.
+          x_in = at::empty_strided(x.sizes(),
+                                   {x.size(1) * x.size(2) * x.size(3), 1,
+                                    x.size(3) * x.size(1), x.size(1)},
+                                   x.options());
+          contiguous_to_channels_last(x.const_data_ptr<float>(),
+                                      x_in.mutable_data_ptr<float>(), x.size(0),
+                                      x.size(1), x.size(2) * x.size(3));
+        }
+        at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p);
         if (channels_last) return result;
         at::Tensor nchw = at::empty(result.sizes(), result.options());
         channels_last_to_contiguous(

@@ -97,6 +97,12 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
 // elementwise/Activations.cpp: ember's vector kernels by default.
 at::Tensor tanh(const at::Tensor& self);
 
+// pooling/MaxPool.cpp: ember's vector kernel by default.
+std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
+    const at::Tensor& self, c10::IntArrayRef kernel_size,
+    c10::IntArrayRef stride, c10::IntArrayRef padding,
+    c10::IntArrayRef dilation, bool ceil_mode);
+
 // ShallowCopy.cpp
 bool has_compatible_shallow_copy_type(const at::Tensor& self,
                                       const at::Tensor& from);

@@ -10,6 +10,12 @@ namespace ember::kernels {
 // out as NCHW. Both contiguous; `hw` is H*W.
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw);
+// The reverse: dst (N, H*W, C) = src (N, C, H*W).
+inline void contiguous_to_channels_last(const float* src, float* dst, int64_t n,
+                                        int64_t c, int64_t hw) {
+  // The same per-image transpose with the two matrix sides swapped.
+  channels_last_to_contiguous(src, dst, n, hw, c);
+}
 
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 16, in
 // AVX-512 registers (callers check runtime::cpu_features().avx512f).
