@@ -1,7 +1,6 @@
 #include "ops/kernels/attention/AttentionKernel.h"
 
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,28 +14,6 @@
 
 namespace ember::kernels::attention {
 namespace {
-
-// Fortran BLAS sgemm (column-major, 32-bit integers), as exported by the
-// libtorch_cpu that PyTorch's CPU wheels build with MKL.
-using Sgemm = void (*)(const char*, const char*, const int*, const int*,
-                       const int*, const float*, const float*, const int*,
-                       const float*, const int*, const float*, float*,
-                       const int*);
-
-Sgemm find_sgemm() {
-  void* self = dlopen(nullptr, RTLD_LAZY);
-  void* symbol = self ? dlsym(self, "sgemm_") : nullptr;
-  if (symbol == nullptr) {
-    void* torch_cpu = dlopen("libtorch_cpu.so", RTLD_LAZY | RTLD_NOLOAD);
-    symbol = torch_cpu ? dlsym(torch_cpu, "sgemm_") : nullptr;
-  }
-  return reinterpret_cast<Sgemm>(symbol);
-}
-
-Sgemm sgemm() {
-  static const Sgemm fn = find_sgemm();
-  return fn;
-}
 
 // Scale-and-mask is done; row r of `s` (cols wide) holds query row row0 + r.
 // Turns each row into unnormalised probabilities, stores its logsumexp and
@@ -87,36 +64,33 @@ int64_t visible_cols(const Problem& p, int64_t row0, int64_t rows) {
   return p.causal ? std::min(p.kv_len, row0 + rows) : p.kv_len;
 }
 
-// A few query rows (decode): both products straight from the operands by
-// the BLAS, no packing (the keys and values are read once either way).
-void blas_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
-               int64_t rows, std::vector<float>& scores) {
+// A few query rows (decode): one dot product per key and one scaled row
+// of V added per key, straight from the operands (each key and value row
+// is read once; a GEMM call per head costs more than the work).
+void vector_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
+                 int64_t rows, std::vector<float>& scores) {
   const int64_t cols = visible_cols(p, row0, rows);
   scores.resize(static_cast<size_t>(rows * cols + rows));
   float* s = scores.data();
   float* inverse_sums = s + rows * cols;
-  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride +
-                   row0 * p.q.row_stride;
+  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride;
   const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
   const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
-  float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride +
-               row0 * p.out_row_stride;
-  const int n_cols = static_cast<int>(cols), n_rows = static_cast<int>(rows);
-  const int dim = static_cast<int>(p.head_dim);
-  const int v_dim = static_cast<int>(p.v_dim);
-  const int ldq = static_cast<int>(p.q.row_stride);
-  const int ldk = static_cast<int>(p.k.row_stride);
-  const int ldv = static_cast<int>(p.v.row_stride);
-  const int ldo = static_cast<int>(p.out_row_stride);
-  const float zero = 0.0f, one = 1.0f;
-  // S (rows x cols, row-major) = scale * Q K^T: column-major, S^T = K Q^T.
-  sgemm()("T", "N", &n_cols, &n_rows, &dim, &p.scale, k, &ldk, q, &ldq, &zero,
-          s, &n_cols);
+  float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* q_row = q + (row0 + r) * p.q.row_stride;
+    float* s_row = s + r * cols;
+    for (int64_t j = 0; j < cols; ++j) {
+      s_row[j] = p.scale * dot_f32(q_row, k + j * p.k.row_stride, p.head_dim);
+    }
+  }
   softmax_rows(p, b, h, row0, rows, cols, s, inverse_sums);
-  // O (rows x v_dim, row stride ldo) = P V: column-major, O^T = V^T P^T.
-  sgemm()("N", "N", &v_dim, &n_rows, &n_cols, &one, v, &ldv, s, &n_cols, &zero,
-          out, &ldo);
-  normalise_rows(out, p.out_row_stride, rows, p.v_dim, inverse_sums);
+  for (int64_t r = 0; r < rows; ++r) {
+    weighted_row_sum_f32(s + r * cols, cols, v, p.v.row_stride,
+                         out + (row0 + r) * p.out_row_stride, p.v_dim);
+  }
+  normalise_rows(out + row0 * p.out_row_stride, p.out_row_stride, rows, p.v_dim,
+                 inverse_sums);
 }
 
 // A float buffer aligned to 64 bytes (the panel kernel's aligned loads).
@@ -224,14 +198,10 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
 
 }  // namespace
 
-bool supported() { return vector_math_supported() && sgemm() != nullptr; }
+bool supported() { return vector_math_supported(); }
 
 bool fits(const Problem& p) {
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  return p.q_len > 0 && p.kv_len > 0 && p.head_dim > 0 && p.v_dim > 0 &&
-         p.kv_len <= kMax / 64 && p.head_dim <= kMax && p.v_dim <= kMax &&
-         p.q.row_stride <= kMax && p.k.row_stride <= kMax &&
-         p.v.row_stride <= kMax && p.out_row_stride <= kMax;
+  return p.q_len > 0 && p.kv_len > 0 && p.head_dim > 0 && p.v_dim > 0;
 }
 
 void forward(const Problem& p) {
@@ -247,7 +217,7 @@ void forward(const Problem& p) {
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t t = begin; t < end; ++t) {
-      blas_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores);
+      vector_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores);
     }
   });
 }

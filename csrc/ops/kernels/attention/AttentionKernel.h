@@ -1,14 +1,16 @@
 // ember's scaled-dot-product attention forward over fp32 (the default for
 // aten::_scaled_dot_product_flash_attention_for_cpu on ember).
 //
-// Work is split over (batch, head, block of query rows); each block does
-// S = scale * Q K^T + mask over the key columns it can see (causal blocks
-// stop at their last row), a row softmax with ember's vector exp, and
-// O = P V, both products by the BLAS PyTorch itself links (MKL's sgemm,
-// single-threaded inside each block). CPU's flash kernel tiles the keys too
-// and rescales as it goes (online softmax), with small GEMMs per tile; at
-// the sequence lengths of the suite's models a whole row of keys fits in
-// cache, so the rows are done in one pass with larger GEMMs.
+// Work is split over (batch, head). With 16 or more query rows, K^T and V
+// are packed once per head into the panel layout of ember's AVX-512 skinny
+// GEMM, and each block of 16 query rows does S = scale * Q K^T + mask over
+// the keys it can see (causal blocks stop at their last row), a row softmax
+// with ember's vector exp, and O = P V. With fewer rows (decode), one dot
+// product per key and one scaled row of V per key, straight from the
+// operands. CPU's flash kernel tiles the keys too and rescales as it goes
+// (online softmax) with small MKL GEMMs per tile; at the sequence lengths of
+// the suite's models a whole row of keys fits in cache, so rows are done in
+// one pass.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +36,10 @@ struct Problem {
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
 };
 
-// Whether the kernel can run here (AVX-512F and the BLAS entry point).
+// Whether the kernel can run here (AVX-512F).
 bool supported();
 
-// Sizes the kernel takes (all dimensions fit the BLAS's 32-bit integers).
+// Sizes the kernel takes.
 bool fits(const Problem& p);
 
 void forward(const Problem& p);

@@ -141,6 +141,55 @@ __attribute__((target("avx512f"))) float exp_shifted_sum_f32(float* row,
   return _mm512_reduce_add_ps(sum);
 }
 
+__attribute__((target("avx512f"))) float dot_f32(const float* a, const float* b,
+                                                 int64_t n) {
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    acc0 =
+        _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16),
+                           _mm512_loadu_ps(b + i + 16), acc1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16
+                            ? static_cast<__mmask16>(0xffff)
+                            : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i),
+                           _mm512_maskz_loadu_ps(m, b + i), acc0);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+__attribute__((target("avx512f"))) void weighted_row_sum_f32(
+    const float* weights, int64_t n, const float* rows, int64_t row_stride,
+    float* out, int64_t width) {
+  for (int64_t c0 = 0; c0 < width; c0 += 64) {
+    __mmask16 m[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t left = width - c0 - 16 * i;
+      m[i] = left >= 16  ? static_cast<__mmask16>(0xffff)
+             : left <= 0 ? static_cast<__mmask16>(0)
+                         : static_cast<__mmask16>((1u << left) - 1u);
+    }
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps(), _mm512_setzero_ps()};
+    const float* column = rows + c0;
+    for (int64_t j = 0; j < n; ++j) {
+      const __m512 w = _mm512_set1_ps(weights[j]);
+      const float* row = column + j * row_stride;
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m[i], row + 16 * i),
+                                 acc[i]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      _mm512_mask_storeu_ps(out + c0 + 16 * i, m[i], acc[i]);
+    }
+  }
+}
+
 bool vector_math_supported() {
   static const bool supported = runtime::cpu_features().avx512f;
   return supported;

@@ -21,4 +21,12 @@ float max_f32(const float* row, int64_t n);
 // row[i] = exp(row[i] - shift) in place; returns the sum of the results.
 float exp_shifted_sum_f32(float* row, int64_t n, float shift);
 
+// Level-1 pieces for one-row attention (decode):
+// sum of a[i] * b[i] for i < n,
+float dot_f32(const float* a, const float* b, int64_t n);
+// out[c] = sum over j < n of weights[j] * rows[j * row_stride + c], for
+// c < width (accumulated in registers, 64 columns at a time).
+void weighted_row_sum_f32(const float* weights, int64_t n, const float* rows,
+                          int64_t row_stride, float* out, int64_t width);
+
 }  // namespace ember::kernels
