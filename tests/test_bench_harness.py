@@ -143,6 +143,73 @@ def test_decode_reports_per_token(results):
     assert ref.median_s == pytest.approx(ref.samples_s[0] / decode.per_run)
 
 
+def _wrong_after_first(w, threads: int) -> Prepared:
+    """CPU eager whose first run is right and every later run off by 1: only
+    checking a timed run catches it."""
+    inner = cpu_eager(w, threads)
+    calls = [0]
+
+    def run():
+        calls[0] += 1
+        out = inner.run()
+        if calls[0] == 1:
+            return out
+        return tuple(t + 1 for t in out)
+
+    return Prepared(run=run)
+
+
+def test_a_system_wrong_only_in_timed_runs_is_flagged():
+    late = System("wrong-when-timed", _wrong_after_first, lambda: "test", "right once")
+    (r,) = harness.run_suite(["mlp-b1"], [late.name], _settings(), extra_systems={late.name: late})
+    wrong = r.get(late.name)
+    assert wrong.status == "WRONG" and wrong.rank is None
+    assert wrong.reason.startswith("timed run: ") and "tolerance" in wrong.reason
+    assert wrong.rel_err == 0.0  # its first output was right
+
+
+def test_max_alloc_counts_only_the_systems_own_memory():
+    """A second ember system prepared while the first one's model is alive
+    reports its own peak, not both (bert-b1 read 423 -> 1943 MiB across the
+    four ember rows before)."""
+    again = System("ember-eager-again", SYSTEMS["ember-eager"].fn, lambda: "test", "twice")
+    extra = {again.name: again}
+    (r,) = harness.run_suite(["mlp-b1"], ["ember-eager", again.name], _settings(), extra)
+    first, second = r.get("ember-eager"), r.get(again.name)
+    assert first.status == second.status == "ok"
+    assert first.ember_max_allocated > 0
+    # Same model, same runs: the same peak (within allocator rounding).
+    assert (
+        abs(second.ember_max_allocated - first.ember_max_allocated)
+        <= 0.1 * first.ember_max_allocated
+    )
+
+
+def test_all_cores_warms_up_and_starts_threads_together():
+    import threading
+    import time
+
+    from suite import peak
+
+    calls: list[tuple[str, int, float]] = []
+    lock = threading.Lock()
+
+    def fake(n: int) -> float:
+        with lock:
+            calls.append((threading.current_thread().name, n, time.perf_counter()))
+        time.sleep(0.002)
+        return 0.01  # seconds "taken": rate n * work / 0.01
+
+    rate = peak._all_cores(fake, 1000, 2.0, cores=3, repeats=4)
+    assert rate == pytest.approx(3 * 1000 * 2.0 / 0.01)
+    by_thread: dict[str, list[int]] = {}
+    for name, n, _ in calls:
+        by_thread.setdefault(name, []).append(n)
+    assert len(by_thread) == 3
+    for ns in by_thread.values():
+        assert ns == [250, 1000, 1000, 1000, 1000]  # a warm-up call first
+
+
 def test_compare():
     a = (torch.ones(3), torch.arange(3))
     assert harness.compare(a, a, 1e-3)[:2] == (0.0, 0.0)

@@ -438,3 +438,87 @@ def test_opinfo_overrides_as_pytorch_applies_them():
     tolerance = modes.op_tolerance(sdpa, torch.float32, "ember")
     assert tolerance.for_dtype(torch.float32) == (5e-6, 5e-5)  # (rtol, atol): max of both
     assert tolerance.for_dtype(torch.bfloat16) == (1.6e-2, 5e-5)
+
+
+# ---------------------------------------------------------------------------
+# What the comparison must not let through (issue 14: evidence that can fail)
+
+
+def test_compare_checks_the_storage_offset():
+    device = torch.device("ember")
+    view = torch.arange(5.0)[1:]  # offset 1
+    compare(view, torch.arange(5.0, device=device)[1:], device, True)
+    # Same values, shape and strides; only the offset differs.
+    with pytest.raises(Mismatch, match="storage offset differs"):
+        compare(view, view.clone().to(device), device, Tolerance(1.0, 1.0))
+    with pytest.raises(Mismatch, match="storage offset differs"):
+        compare(view.clone(), torch.arange(5.0, device=device)[1:], device, True)
+
+
+@pytest.mark.parametrize("values", ["close", Tolerance()])
+def test_compare_checks_scalars_under_close(values):
+    device = torch.device("ember")
+    compare(1.0, 1.0 + 1e-12, device, values)
+    for cpu, dev in [(1.0, 2.0), (1.0, float("nan")), (3, 4), (True, False), (1.0, 1)]:
+        with pytest.raises(Mismatch):
+            compare(cpu, dev, device, values)
+        with pytest.raises(Mismatch):
+            compare((cpu,), (dev,), device, values)
+
+
+class _FakeOp:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def get_op(self):
+        return self.fn
+
+    def get_inplace(self):
+        return None
+
+
+def test_factory_sample_without_device_runs_on_the_device():
+    from torch.testing._internal.opinfo.core import SampleInput
+
+    from torch_ember.conformance import cases
+
+    device = torch.device("ember")
+
+    def wrong_on_device(n, device=None):
+        t = torch.arange(n, dtype=torch.float32, device=device)
+        return t + 1 if t.device.type == "ember" else t
+
+    def right(n, device=None):
+        return torch.arange(n, dtype=torch.float32, device=device)
+
+    def no_device(n):
+        return torch.arange(n, dtype=torch.float32)
+
+    sample = SampleInput(5)  # no tensor, no device: CPU against CPU before
+    assert cases._forward_sample(_FakeOp(right), "op", sample, device, True) == "pass"
+    with pytest.raises(Mismatch, match="result on wrong device|values differ"):
+        cases._forward_sample(_FakeOp(wrong_on_device), "op", sample, device, True)
+    with pytest.raises(cases._Outcome) as skipped:
+        cases._forward_sample(_FakeOp(no_device), "op", sample, device, True)
+    assert skipped.value.outcome == "skipped"
+
+
+@pytest.mark.parametrize("mode", ["parity", "default"])
+def test_module_buffers_are_compared(mode):
+    from torch_ember.conformance.modules import compare_buffers
+
+    device = torch.device("ember")
+    values = True if mode == "parity" else Tolerance()
+    torch.manual_seed(0)
+    cpu_module = torch.nn.BatchNorm2d(3).train()
+    dev_module = torch.nn.BatchNorm2d(3).train().to(device)
+    x = torch.randn(4, 3, 5, 5) * 3 + 2
+    with torch.backends.ember.flags(cpu_parity=mode == "parity"):
+        cpu_module(x)
+        dev_module(x.to(device))
+        compare_buffers(cpu_module, dev_module, device, values)
+    assert cpu_module.num_batches_tracked.item() == 1
+    with torch.no_grad():
+        dev_module.running_var.add_(1e-3)  # what a wrong running-stat update would leave
+    with pytest.raises(Mismatch, match="forward: buffer values differ"):
+        compare_buffers(cpu_module, dev_module, device, values)

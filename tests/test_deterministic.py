@@ -347,9 +347,10 @@ def _profiled_names(fn: Callable) -> set[str]:
 def _routed(kernel: str, fn: Callable) -> bool:
     """Whether ``fn`` on ember reaches ember's deterministic ``kernel``.
 
-    _softmax and gelu are registered in ops/kernels/HotOps.cpp; their
-    deterministic kernels take effect once those registrations point at
-    kernels::deterministic::softmax and ::gelu.
+    _softmax and gelu are registered in ops/kernels/HotOps.cpp, pointing at
+    kernels::deterministic::softmax and ::gelu. A registration that stops
+    reaching them fails the tests below (it used to skip them, so a lost
+    route passed unnoticed).
     """
     previous = _C.flags.deterministic()
     _C.flags.set_deterministic(True)
@@ -359,14 +360,13 @@ def _routed(kernel: str, fn: Callable) -> bool:
         _C.flags.set_deterministic(previous)
 
 
-HOT_OPS_NOT_ROUTED = "HotOps.cpp still registers {} as plain delegation"
+HOT_OPS_NOT_ROUTED = "HotOps.cpp no longer routes {} to ember's deterministic kernel"
 
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_softmax_over_non_last_dim(dim):
     x = torch.randn(4, 4, device=DEVICE)
-    if not _routed("_softmax", lambda: x.softmax(0)):
-        pytest.skip(HOT_OPS_NOT_ROUTED.format("_softmax"))
+    assert _routed("_softmax", lambda: x.softmax(0)), HOT_OPS_NOT_ROUTED.format("_softmax")
     _C.flags.set_deterministic(True)
     fn = _with_grads(lambda x: x.softmax(dim), (0,))
     _check(fn, (_rand(512, 2048, 3) if dim == 1 else _rand(512, 2048),), rtol=1e-4, atol=1e-5)
@@ -374,8 +374,7 @@ def test_softmax_over_non_last_dim(dim):
 
 def test_gelu_tanh():
     x = torch.randn(4, 4, device=DEVICE)
-    if not _routed("gelu", lambda: F.gelu(x, approximate="tanh")):
-        pytest.skip(HOT_OPS_NOT_ROUTED.format("gelu"))
+    assert _routed("gelu", lambda: F.gelu(x, approximate="tanh")), HOT_OPS_NOT_ROUTED.format("gelu")
     _C.flags.set_deterministic(True)
     fn = _with_grads(lambda x: F.gelu(x, approximate="tanh"), (0,))
     _check(fn, (_rand(300_007),), rtol=1e-4, atol=1e-5)

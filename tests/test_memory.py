@@ -343,3 +343,34 @@ def test_conv2d_runs_zero_copy():
     assert torch_ember.fallback_stats() == {}
     assert out.device.type == "ember"
     assert torch.equal(out.cpu(), F.conv2d(image, weight, bias, padding=1))
+
+
+# ---------------------------------------------------------------------------
+# EMBER_DEBUG_HEAP: canaries after CPU-kernel allocations report an overrun
+
+HEAP_OVERRUN = """
+import ctypes, sys, torch
+torch.backends.ember.cpu_parity = True  # sin: ATen's CPU kernel allocates the output
+x = torch.randn(1000, device="ember")
+for past_end, length in [(0, 64), (200, 1), (None, 0)]:
+    y = torch.sin(x)
+    end = y.untyped_storage().data_ptr() + y.untyped_storage().nbytes()
+    if past_end is not None:
+        ctypes.memset(end + past_end, 0x11, length)  # the bug a kernel would have
+    print(f"case {past_end}", file=sys.stderr, flush=True)
+    del y  # the check runs when the block is freed
+print("done", file=sys.stderr, flush=True)
+"""
+
+
+def test_debug_heap_reports_an_overrun_with_the_op(run_python):
+    result = run_python(HEAP_OVERRUN, env={"EMBER_DEBUG_HEAP": "1"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("case", "[ember]"))]
+    assert lines == [
+        "case 0",
+        "[ember] heap check: 4000-byte block from aten::sin written up to 64 bytes past its end",
+        "case 200",
+        "[ember] heap check: 4000-byte block from aten::sin written up to 201 bytes past its end",
+        "case None",  # an untouched block: nothing reported
+    ]

@@ -50,7 +50,43 @@ def same(ember_result, cpu_result):
     assert ember_result.dtype == cpu_result.dtype
     assert ember_result.shape == cpu_result.shape
     assert ember_result.stride() == cpu_result.stride()
-    torch.testing.assert_close(ember_result.cpu(), cpu_result, rtol=0, atol=0, equal_nan=True)
+    ember_bits, cpu_bits = _bits(ember_result.cpu()), _bits(cpu_result)
+    if not torch.equal(ember_bits, cpu_bits):
+        # Bitwise equal, not just equal: -0.0 != +0.0, NaN payloads count.
+        torch.testing.assert_close(ember_result.cpu(), cpu_result, rtol=0, atol=0, equal_nan=True)
+        raise AssertionError("equal values but different bits (signed zero or NaN payload)")
+
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as raw integers of the same width."""
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    if tensor.is_complex():
+        tensor = torch.view_as_real(tensor)
+    if tensor.is_floating_point():
+        tensor = tensor.view(_INT_OF_WIDTH[tensor.element_size()])
+    return tensor
+
+
+def test_same_is_bitwise():
+    """same() itself: what torch.equal / assert_close would let through."""
+    zero = torch.zeros(3)
+    nan = torch.full((3,), float("nan"))
+    other_nan = nan.view(torch.int32).add(1).view(torch.float32)  # another payload
+    assert torch.isnan(other_nan).all()
+    for ember, cpu in [
+        (-zero, zero),
+        (other_nan, nan),
+        (torch.complex(zero, -zero), torch.complex(zero, zero)),
+        (-zero.double(), zero.double()),
+        (-zero.half(), zero.half()),
+    ]:
+        with pytest.raises(AssertionError):
+            same(ember.to("ember"), cpu)
+    same(nan.to("ember"), nan.clone())
+    same((-zero).to("ember"), -zero)
 
 
 UNARY = {
@@ -307,3 +343,47 @@ def test_strict_mode_from_environment():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "4.0"
+
+
+# ---------------------------------------------------------------------------
+# Module buffers: a train-mode forward updates BatchNorm's running mean and
+# variance and its batch count; they are results too.
+
+
+@pytest.mark.parametrize(
+    ("module", "shape"),
+    [
+        (lambda: torch.nn.BatchNorm1d(5), (8, 5)),
+        (lambda: torch.nn.BatchNorm1d(5, momentum=None), (8, 5, 7)),  # cumulative average
+        (lambda: torch.nn.BatchNorm2d(3), (4, 3, 6, 6)),
+        (lambda: torch.nn.BatchNorm3d(2, affine=False), (2, 2, 3, 4, 5)),
+    ],
+)
+@pytest.mark.parametrize("parity", [True, False])
+def test_batchnorm_running_stats_match_cpu(module, shape, parity):
+    torch.manual_seed(0)
+    cpu_module = module().train()
+    dev_module = module().train().to("ember")
+    dev_module.load_state_dict(cpu_module.state_dict())
+    inputs = [torch.randn(shape) * 3 + 1 for _ in range(3)]
+    with torch.backends.ember.flags(cpu_parity=parity):
+        for x in inputs:  # three steps: the running averages accumulate
+            out_cpu, out_dev = cpu_module(x), dev_module(x.to("ember"))
+        cpu_module.eval(), dev_module.eval()
+        eval_cpu, eval_dev = cpu_module(inputs[0]), dev_module(inputs[0].to("ember"))
+    cpu_buffers, dev_buffers = dict(cpu_module.named_buffers()), dict(dev_module.named_buffers())
+    assert list(cpu_buffers) == list(dev_buffers)
+    assert cpu_buffers["num_batches_tracked"].item() == 3
+    pairs = [(out_dev, out_cpu), (eval_dev, eval_cpu)] + [
+        (dev_buffers[name], buffer) for name, buffer in cpu_buffers.items()
+    ]
+    for dev, cpu in pairs:
+        if parity:
+            same(dev.detach(), cpu.detach())
+        else:
+            assert dev.device.type == "ember"
+            torch.testing.assert_close(dev.detach().cpu(), cpu.detach())
+    # The buffers moved from their initial values (the check is not vacuous).
+    assert not torch.equal(
+        cpu_buffers["running_mean"], torch.zeros_like(cpu_buffers["running_mean"])
+    )

@@ -233,3 +233,140 @@ def test_fork_rng_restores_every_device():
         _draw(device="ember:1")
     assert torch.equal(_draw(device="ember:0"), expected[0])
     assert torch.equal(_draw(device="ember:1"), expected[1])
+
+
+# ---------------------------------------------------------------------------
+# Distributions: ember's draws against CPU's draws of the same generator
+# (independent seeds, so agreement is statistical, not a copy). Two-sample
+# Kolmogorov-Smirnov for continuous draws, chi-square on counts for discrete
+# ones, plus moments; every threshold is a false-alarm rate of about 1e-6,
+# so a wrong distribution fails and a right one practically never does.
+
+N = 200_000
+KS_C = 2.8  # sqrt(-ln(1e-6 / 2) / 2): two-sample KS critical value factor
+
+
+def _ks_statistic(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Two-sample KS statistic: the largest gap between the empirical CDFs."""
+    a, b = a.double().flatten().sort().values, b.double().flatten().sort().values
+    points = torch.cat([a, b])
+    cdf_a = torch.searchsorted(a, points, right=True).double() / a.numel()
+    cdf_b = torch.searchsorted(b, points, right=True).double() / b.numel()
+    return (cdf_a - cdf_b).abs().max().item()
+
+
+def _assert_same_continuous(ember: torch.Tensor, cpu: torch.Tensor) -> None:
+    n, m = ember.numel(), cpu.numel()
+    bound = KS_C * ((n + m) / (n * m)) ** 0.5
+    stat = _ks_statistic(ember.cpu(), cpu)
+    assert stat < bound, f"KS statistic {stat:.4f} >= {bound:.4f}"
+
+
+def _chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    return (((counts.double() - expected) ** 2) / expected).sum().item()
+
+
+def _chi_square_bound(categories: int) -> float:
+    # Upper 1e-6 quantile of chi-square(k - 1), Wilson-Hilferty approximation.
+    k = categories - 1
+    z = 4.75
+    return k * (1 - 2 / (9 * k) + z * (2 / (9 * k)) ** 0.5) ** 3
+
+
+def _draw_both(fn, seed: int):
+    torch.ember.manual_seed(seed)
+    torch.manual_seed(seed + 1)
+    return fn("ember"), fn("cpu")
+
+
+def test_ks_check_rejects_a_wrong_distribution():
+    """The check itself can fail: a slightly shifted normal is caught."""
+    torch.manual_seed(0)
+    with pytest.raises(AssertionError, match="KS statistic"):
+        _assert_same_continuous(torch.randn(N) + 0.05, torch.randn(N))
+
+
+@pytest.mark.parametrize(
+    ("name", "fn", "mean", "var"),
+    [
+        ("randn", lambda d: torch.randn(N, device=d), 0.0, 1.0),
+        ("rand", lambda d: torch.rand(N, device=d), 0.5, 1 / 12),
+        ("normal_", lambda d: torch.empty(N, device=d).normal_(3.0, 2.0), 3.0, 4.0),
+        ("uniform_", lambda d: torch.empty(N, device=d).uniform_(-2.0, 6.0), 2.0, 64 / 12),
+        ("randn_f64", lambda d: torch.randn(N, device=d, dtype=torch.float64), 0.0, 1.0),
+        ("randn_strided", lambda d: torch.randn(N, 2, device=d).t()[0], 0.0, 1.0),
+    ],
+)
+def test_continuous_draws_follow_their_distribution(name, fn, mean, var):
+    ember, cpu = _draw_both(fn, 11)
+    assert ember.device.type == "ember"
+    _assert_same_continuous(ember, cpu)
+    sample = ember.cpu().double()
+    sd = var**0.5
+    assert abs(sample.mean().item() - mean) < 5 * sd / N**0.5
+    # Variance of a sample variance ~ 2 var^2 / N (normal), looser for uniform.
+    assert abs(sample.var().item() - var) < 5 * var * (2 / N) ** 0.5
+
+
+def test_randint_is_uniform_over_its_range():
+    ember, cpu = _draw_both(lambda d: torch.randint(3, 13, (N,), device=d), 12)
+    assert ember.min().item() == 3 and ember.max().item() == 12
+    counts = torch.bincount(ember.cpu() - 3, minlength=10)
+    assert _chi_square(counts, torch.full((10,), N / 10)) < _chi_square_bound(10)
+    # Same distribution as CPU's draw: chi-square of the 2 x 10 table.
+    cpu_counts = torch.bincount(cpu - 3, minlength=10)
+    pooled = (counts + cpu_counts).double() / 2
+    stat = _chi_square(counts, pooled) + _chi_square(cpu_counts, pooled)
+    assert stat < _chi_square_bound(10)
+
+
+@pytest.mark.parametrize("p", [0.03, 0.3, 0.9])
+def test_bernoulli_frequency_matches_p(p):
+    probs = torch.full((N,), p)
+    ember, cpu = _draw_both(lambda d: torch.bernoulli(probs.to(d)), 13)
+    for sample in (ember.cpu(), cpu):
+        assert set(sample.unique().tolist()) <= {0.0, 1.0}
+        assert abs(sample.mean().item() - p) < 5 * (p * (1 - p) / N) ** 0.5
+    # A different p per element: each element follows its own p.
+    ramp = torch.linspace(0, 1, N)
+    torch.ember.manual_seed(14)
+    drawn = torch.bernoulli(ramp.to("ember")).cpu()
+    for lo in (0.0, 0.5):
+        part = (ramp >= lo) & (ramp < lo + 0.5)
+        expected = ramp[part].mean().item()
+        assert abs(drawn[part].mean().item() - expected) < 5 * (0.25 / part.sum().item()) ** 0.5
+
+
+def test_multinomial_counts_follow_the_probabilities():
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05, 0.0])
+    ember, cpu = _draw_both(lambda d: torch.multinomial(probs.to(d), N, replacement=True), 15)
+    counts = torch.bincount(ember.cpu(), minlength=6)
+    assert counts[5].item() == 0  # probability 0 is never drawn
+    expected = probs[:5] * N
+    assert _chi_square(counts[:5], expected) < _chi_square_bound(5)
+    cpu_counts = torch.bincount(cpu, minlength=6)
+    assert _chi_square(cpu_counts[:5], expected) < _chi_square_bound(5)
+
+
+def test_multinomial_without_replacement_draws_distinct_indices_by_weight():
+    weights = torch.tensor([8.0, 4.0, 2.0, 1.0, 1.0])
+    torch.ember.manual_seed(16)
+    rows = torch.multinomial(weights.to("ember").expand(20_000, 5), 2).cpu()
+    assert (rows[:, 0] != rows[:, 1]).all()
+    first = torch.bincount(rows[:, 0], minlength=5)
+    expected = weights / weights.sum() * rows.shape[0]
+    assert _chi_square(first, expected) < _chi_square_bound(5)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_drops_p_and_scales_the_rest(p):
+    x = torch.rand(N) + 0.5
+    torch.ember.manual_seed(17)
+    out = F.dropout(x.to("ember"), p=p, training=True).cpu()
+    kept = out != 0
+    assert abs(1 - kept.double().mean().item() - p) < 5 * (p * (1 - p) / N) ** 0.5
+    torch.testing.assert_close(out[kept], x[kept] / (1 - p))
+    # Which elements drop is independent of their position: both halves
+    # drop about p.
+    for half in (kept[: N // 2], kept[N // 2 :]):
+        assert abs(1 - half.double().mean().item() - p) < 5 * (p * (1 - p) / (N / 2)) ** 0.5

@@ -4,12 +4,16 @@ For one workload:
 
 1. every system is prepared in turn (export / compile / copy to device), run
    once (which may finish compiling) and warmed up; the preparation time, the
-   peak RSS growth over that phase and, for ember, ``max_memory_allocated``
-   are recorded; a system that raises ``Skip`` or fails is recorded with the
-   reason and left out;
+   peak RSS growth over that phase and, for ember, the peak of ember memory
+   the system itself allocated (``max_memory_allocated`` less what was
+   already allocated: the systems prepared before it stay alive for the
+   interleaved timing, and count for nothing here) are recorded; a system
+   that raises ``Skip`` or fails is recorded with the reason and left out;
 2. the output of each system's first run is compared with CPU eager's:
    ``max |out - ref|`` and that divided by ``max |ref|``; above the
-   workload's tolerance the system is WRONG and is not ranked;
+   workload's tolerance the system is WRONG and is not ranked. The output of
+   each system's last timed run is compared the same way after timing (a
+   system whose timed runs go wrong, e.g. stale cached state, is WRONG too);
 3. timing: one *sample* is ``number`` back-to-back runs (garbage collector
    off; ``number`` calibrated so a sample lasts >= ``sample_s``), yielding the
    mean time per run. Rounds take one sample of every system, in an order that
@@ -222,14 +226,17 @@ def count_flops(w: wl.Workload) -> float | None:
         return None
 
 
-def _sample(run: Callable[[], object], number: int) -> float:
+def _sample(run: Callable[[], object], number: int) -> tuple[float, object]:
+    """Mean seconds per run over ``number`` back-to-back runs, and the last
+    run's output."""
     enabled = gc.isenabled()
     gc.disable()
     try:
+        out = None
         t0 = time.perf_counter()
         for _ in range(number):
-            run()
-        return (time.perf_counter() - t0) / number
+            out = run()
+        return (time.perf_counter() - t0) / number, out
     finally:
         if enabled:
             gc.enable()
@@ -248,6 +255,9 @@ def _prepare(
     ember = hasattr(torch, "ember")
     if ember:
         torch.ember.reset_peak_memory_stats()
+        # Held by the systems prepared before this one (alive until timing
+        # ends): not this system's memory.
+        ember_before = torch.ember.memory_allocated()
     t0 = time.perf_counter()
     try:
         prepared = sys_.fn(w, s.threads)
@@ -269,19 +279,28 @@ def _prepare(
     hwm = _vm_hwm() if have_hwm else None
     res.peak_rss_delta = max(0, (hwm if hwm is not None else _statm_rss()) - rss0)
     if ember and sys_.name.startswith("ember"):
-        res.ember_max_allocated = int(torch.ember.max_memory_allocated())
+        res.ember_max_allocated = int(torch.ember.max_memory_allocated()) - ember_before
     res.notes = list(prepared.notes)
     if ref is not None:
-        cmp = w.compare or compare
-        rtol = prepared.rtol if prepared.rtol is not None else w.rtol
-        res.max_abs_diff, res.rel_err, note = cmp(ref, out, rtol)
-        if note:
-            res.notes.append(note)
-        if not res.rel_err <= rtol:  # also catches NaN
-            res.status = "WRONG"
-            res.reason = f"max|diff|/max|ref| = {res.rel_err:.3g} > tolerance {rtol:g}"
+        res.max_abs_diff, res.rel_err = _check_output(res, prepared, w, ref, out, "")
     out_cpu = tuple(t.cpu() for t in _flatten(out))
     return res, prepared, out_cpu
+
+
+def _check_output(
+    res: SystemResult, prepared: Prepared, w: wl.Workload, ref: tuple, out, when: str
+) -> tuple[float, float]:
+    """Compares ``out`` with CPU eager's ``ref``; outside the tolerance the
+    system becomes WRONG (``when`` names the run in the reason)."""
+    cmp = w.compare or compare
+    rtol = prepared.rtol if prepared.rtol is not None else w.rtol
+    max_abs, rel_err, note = cmp(ref, out, rtol)
+    if note:
+        res.notes.append(when + note)
+    if not rel_err <= rtol and res.status != "WRONG":  # also catches NaN
+        res.status = "WRONG"
+        res.reason = f"{when}max|diff|/max|ref| = {rel_err:.3g} > tolerance {rtol:g}"
+    return max_abs, rel_err
 
 
 def run_workload(
@@ -310,6 +329,14 @@ def run_workload(
     )
     prepared: dict[str, Prepared] = {}
     ref = None
+    _trim()
+    if hasattr(torch, "ember") and torch.ember.memory_allocated():
+        # Nothing may carry over from the workloads before; it would be
+        # excluded from the max-alloc figures anyway, but it is a leak.
+        result.notes.append(
+            f"{torch.ember.memory_allocated() / 2**20:.1f} MiB of ember memory still "
+            "allocated from earlier workloads"
+        )
     for sys_ in systems:
         progress(f"{name}: preparing {sys_.name}")
         res, prep, out = _prepare(sys_, w, s, ref)
@@ -326,7 +353,10 @@ def run_workload(
         progress(f"{name}: waiting for other load to stop")
         result.waited_s = wait_idle(s.wait_idle_s)
     progress(f"{name}: timing")
-    _time(prepared, result, s, progress)
+    last_outputs = _time(prepared, result, s, progress)
+    for n, out in last_outputs.items():  # a timed run's output is checked too
+        _check_output(result.get(n), prepared[n], w, ref, out, "timed run: ")
+    del last_outputs
     progress(f"{name}: done", 1)
     _summarize(result, prepared)
     for prep in prepared.values():
@@ -342,11 +372,13 @@ def _time(
     result: WorkloadResult,
     s: Settings,
     progress: Callable[..., None],
-) -> None:
+) -> dict[str, object]:
+    """Times the systems; returns each one's output of its last timed run."""
     names = list(prepared)
     numbers = {}
+    last_outputs: dict[str, object] = {}
     for n in names:  # calibrate: a sample lasts >= sample_s
-        one = _sample(prepared[n].run, 1)
+        one, _ = _sample(prepared[n].run, 1)
         numbers[n] = max(1, min(10_000, math.ceil(s.sample_s / max(one, 1e-7))))
     samples: dict[str, list[float]] = {n: [] for n in names}
     t0 = time.perf_counter()
@@ -356,7 +388,8 @@ def _time(
         k = rounds % len(names)
         for n in names[k:] + names[:k]:
             try:
-                samples[n].append(_sample(prepared[n].run, numbers[n]))
+                seconds, last_outputs[n] = _sample(prepared[n].run, numbers[n])
+                samples[n].append(seconds)
             except Exception as e:  # noqa: BLE001
                 res = result.get(n)
                 res.status, res.reason = "error", f"during timing: {type(e).__name__}: {e}"[:300]
@@ -375,6 +408,7 @@ def _time(
     for n, xs in samples.items():
         res = result.get(n)
         res.number, res.samples_s = numbers[n], xs
+    return {n: out for n, out in last_outputs.items() if n in names}
 
 
 def _summarize(result: WorkloadResult, prepared: dict[str, Prepared]) -> None:

@@ -396,15 +396,23 @@ def _best_rate(fn, n: int, work_per_iter: float, repeats: int = 5) -> float:
     return max(n * work_per_iter / fn(n) for _ in range(repeats))
 
 
-def _all_cores(fn, n: int, work: float, cores: int) -> float:
+def _all_cores(fn, n: int, work: float, cores: int, repeats: int = 5) -> float:
     """(work / second) summed over ``cores`` threads running ``fn`` at once (ctypes drops
-    the GIL)."""
-    rates: list[float] = []
+    the GIL). Each thread first warms up (wakes its core, settles the clock), then
+    the threads start each of ``repeats`` timed calls together (a barrier); a
+    thread's best call counts, as in :func:`_best_rate`. A single unwarmed call
+    per thread, with threads starting at different moments, read below the
+    one-core GEMMs."""
+    rates = [0.0] * cores
+    barrier = threading.Barrier(cores)
 
-    def worker():
-        rates.append(n * work / fn(n))
+    def worker(index: int):
+        fn(n // 4)  # warm up
+        for _ in range(repeats):
+            barrier.wait()
+            rates[index] = max(rates[index], n * work / fn(n))
 
-    threads = [threading.Thread(target=worker) for _ in range(cores)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(cores)]
     for t in threads:
         t.start()
     for t in threads:
@@ -438,7 +446,8 @@ def measure(
         iters = n // 4
         rate = _best_rate(fma, iters, accumulators * lanes * 2)
         fma_measured = rate / (clock * 1e9)
-        all_cores = _all_cores(fma, iters, accumulators * lanes * 2, cores)
+        # Calls long enough (~4x the one-core ones) to dwarf thread start-up.
+        all_cores = _all_cores(fma, iters * 4, accumulators * lanes * 2, cores)
     if fma_measured is not None:
         pipes = max(1, round(fma_measured / (lanes * 2)))
     else:

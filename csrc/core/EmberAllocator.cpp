@@ -49,8 +49,9 @@ struct alignas(64) CpuKernelHeader {
   const char* op;  // the delegated op that allocated it (heap checks)
 };
 
-// EMBER_DEBUG_HEAP=1: 64 canary bytes after every CPU-kernel allocation,
-// checked (with the header) when it is freed; a mismatch names the op.
+// EMBER_DEBUG_HEAP=1: kCanaryBytes canary bytes after every CPU-kernel
+// allocation, checked (with the header) when it is freed; a mismatch names the
+// op.
 constexpr size_t kCanaryBytes = 256;
 constexpr unsigned char kCanary = 0xEB;
 const bool kHeapChecks =

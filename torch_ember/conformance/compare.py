@@ -4,7 +4,7 @@
 short stable phrase used to group failures) and how (``detail``; for values,
 also the greatest absolute and relative difference, ``max_abs``/``max_rel``).
 The structure is always compared exactly: type, device, dtype, shape,
-strides, layout, conj/neg bits, requires_grad. What ``values`` says about
+strides, storage offset, layout, conj/neg bits, requires_grad. What ``values`` says about
 the values:
 
 ``True``         bitwise (the ``parity`` mode): ``assert_close(rtol=0,
@@ -174,6 +174,11 @@ def compare_tensor(cpu: torch.Tensor, dev: Any, where: str, device: torch.device
         raise Mismatch("layout differs", f"{where}: {dev.layout}, CPU {cpu.layout}")
     if cpu.layout == torch.strided and dev.stride() != cpu.stride():
         raise Mismatch("strides differ", f"{where}: {dev.stride()}, CPU {cpu.stride()}")
+    if cpu.layout == torch.strided and dev.storage_offset() != cpu.storage_offset():
+        raise Mismatch(
+            "storage offset differs",
+            f"{where}: {dev.storage_offset()}, CPU {cpu.storage_offset()}",
+        )
     if dev.is_conj() != cpu.is_conj() or dev.is_neg() != cpu.is_neg():
         raise Mismatch(
             "conj/neg bit differs",

@@ -1,5 +1,6 @@
 """Running one module-dtype-mode of ``module_db`` on the device and on CPU:
-forward outputs, then gradients of inputs and parameters, compared as in
+forward outputs and the module's buffers after the forward (BatchNorm's
+running statistics), then gradients of inputs and parameters, compared as in
 :mod:`.cases` (bitwise in the ``parity`` sweep; in the ``default`` sweep with
 the tolerances ``TestModule.test_cpu_gpu_parity`` runs with, see
 :mod:`.modes`)."""
@@ -86,6 +87,9 @@ def _module_sample(info, module_input, dtype, training, device, values):
         compare(cpu_out, dev_out, device, values)
     except Mismatch as error:
         raise error.renamed("forward: " + error.cause) from None
+    # Buffers the forward updated (BatchNorm's running mean / var and batch
+    # count in train mode) are results too.
+    compare_buffers(cpu_module, dev_module, device, values)
     # Backward: inputs that require grad and all parameters.
     cpu_params = [p for p in cpu_module.parameters() if p.requires_grad]
     dev_params = [p for p in dev_module.parameters() if p.requires_grad]
@@ -113,6 +117,22 @@ def _module_sample(info, module_input, dtype, training, device, values):
         except Mismatch as error:
             raise error.renamed("backward: gradient " + error.cause) from None
     return "pass"
+
+
+def compare_buffers(cpu_module, dev_module, device, values) -> None:
+    """Raises Mismatch if the modules' buffers differ (names, then each
+    buffer as a result: structure exactly, values as ``values`` says)."""
+    cpu_buffers = dict(cpu_module.named_buffers())
+    dev_buffers = dict(dev_module.named_buffers())
+    if list(cpu_buffers) != list(dev_buffers):
+        raise Mismatch(
+            "forward: module buffers differ", f"{list(dev_buffers)}, CPU {list(cpu_buffers)}"
+        )
+    for name, cpu_buffer in cpu_buffers.items():
+        try:
+            compare(cpu_buffer, dev_buffers[name], device, values, where=f"buffer {name}")
+        except Mismatch as error:
+            raise error.renamed("forward: buffer " + error.cause) from None
 
 
 class _ModuleSample:
