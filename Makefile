@@ -121,3 +121,19 @@ BREAKDOWN_ARGS ?=
 bench-breakdown: setup
 	BENCH_COMMAND="make bench-breakdown$(if $(BREAKDOWN_ARGS), BREAKDOWN_ARGS=\"$(BREAKDOWN_ARGS)\",)" \
 	  $(PY) benchmarks/op_breakdown.py $(BREAKDOWN_ARGS)
+
+# --------------------------------------------------------------------------
+# Random-program fuzzer (issue 14): seeded op sequences (views, in-place,
+# out=, broadcasting, promotion, non-contiguous and zero-size tensors,
+# autograd) on ember and on CPU; bitwise with cpu_parity (parity mode),
+# OpInfo tolerances otherwise (default mode). A difference is shrunk and
+# written as a standalone reproducer to build/fuzz/. CI runs a fixed-seed
+# slice (tests/test_fuzz.py).
+#   make fuzz                                  10,000 programs per mode
+#   make fuzz FUZZ_ARGS="--programs 500 --seed 7 --mode default"
+.PHONY: fuzz
+
+FUZZ_ARGS ?=
+
+fuzz: setup
+	EMBER_DEVICES=2 $(PY) -m torch_ember.fuzz --programs 10000 $(FUZZ_ARGS)
