@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from torch_ember import _C
+from torch_ember.ember import ipc as _ipc
 from torch_ember.ember._utils import _device_index
 from torch_ember.ember.memory import (
     empty_cache,
@@ -40,6 +41,8 @@ from torch_ember.ember.streams import (
     set_stream,
     stream,
 )
+
+_ipc.register()  # ember tensors through torch.multiprocessing (by value)
 
 
 def __getattr__(name: str) -> Any:
