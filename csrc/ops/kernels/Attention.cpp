@@ -8,6 +8,7 @@
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <cmath>
 
@@ -39,12 +40,16 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
                                   std::optional<double> scale) {
   if (flags::cpu_parity() || flags::deterministic() || dropout_p != 0.0 ||
       !attn::supported() || !unit_last_dim(q) || !unit_last_dim(k) ||
-      !unit_last_dim(v)) {
+      !unit_last_dim(v) || !q.is_non_overlapping_and_dense()) {
+    // (A dense query makes the output, laid out like it, dense with unit
+    // last stride too.)
     return std::nullopt;
   }
   const int64_t batch = q.size(0), heads = q.size(1);
+  // CPU's kernel raises for anything else (different head sizes included).
   if (k.size(0) != batch || v.size(0) != batch || k.size(1) != heads ||
-      v.size(1) != heads || k.size(3) != q.size(3) || v.size(2) != k.size(2)) {
+      v.size(1) != heads || k.size(3) != q.size(3) || v.size(3) != q.size(3) ||
+      v.size(2) != k.size(2)) {
     return std::nullopt;
   }
   attn::Problem p;
@@ -100,16 +105,14 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
   }
   auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
       "aten::_scaled_dot_product_flash_attention_for_cpu",
-      [&](const at::Tensor&) {
+      [&](const at::Tensor& q) {
         attn::Problem& p = *problem;
-        // CPU's layouts: both results are [batch, row, head] buffers seen
-        // as [batch, head, row].
-        const at::Tensor out = at::empty({p.batch, p.q_len, p.heads, p.v_dim},
-                                         query.options().device(at::kCPU))
-                                   .transpose(1, 2);
-        const at::Tensor lse = at::empty({p.batch, p.q_len, p.heads},
-                                         query.options().device(at::kCPU))
-                                   .transpose(1, 2);
+        // CPU's layouts: the output is laid out like the query (empty_like),
+        // the logsumexp is a [batch, row, head] buffer seen as [batch, head,
+        // row].
+        const at::Tensor out = at::empty_like(q);
+        const at::Tensor lse =
+            at::empty({p.batch, p.q_len, p.heads}, q.options()).transpose(1, 2);
         p.out = out.mutable_data_ptr<float>();
         p.out_batch_stride = out.stride(0);
         p.out_head_stride = out.stride(1);
