@@ -137,3 +137,22 @@ FUZZ_ARGS ?=
 
 fuzz: setup
 	EMBER_DEVICES=2 $(PY) -m torch_ember.fuzz --programs 10000 $(FUZZ_ARGS)
+
+# --------------------------------------------------------------------------
+# Sanitizers (issue 14). Each builds in its own directory; neither runs in CI
+# (time). The allocator poisons free blocks and the slack behind every
+# allocation for ASan, so overruns inside ember memory are reported.
+#   make sanitize     ASan + UBSan (build/sanitize/): runtime GoogleTests, then
+#                     the Python tests against the sanitized torch_ember._C
+#   make sanitize SANITIZE_TESTS="tests/test_memory.py -x"
+#   make tsan         ThreadSanitizer (build/tsan/): the runtime's GoogleTests
+#                     (its concurrency and fork tests)
+.PHONY: sanitize tsan
+
+SANITIZE_TESTS ?=
+
+sanitize: setup
+	scripts/sanitize.sh address $(SANITIZE_TESTS)
+
+tsan: setup
+	scripts/sanitize.sh thread

@@ -564,3 +564,35 @@ TEST(CachingAllocator, ConcurrentAllocFreeNeverOverlaps) {
 
 }  // namespace
 }  // namespace ember::runtime
+
+#if defined(__SANITIZE_ADDRESS__)
+namespace ember::runtime {
+namespace {
+
+// make sanitize: ASan sees inside ember memory (caching_allocator.cpp).
+void write_byte(void* ptr) { *static_cast<volatile char*>(ptr) = 1; }
+
+TEST(CachingAllocatorAsan, OverrunIntoSlackIsReported) {
+  CachingAllocator allocator(0);
+  Allocation a = allocator.allocate(100);  // a 512-byte block
+  write_byte(bytes(a) + 99);               // the last requested byte: fine
+  EXPECT_DEATH(write_byte(bytes(a) + 100), "use-after-poison");
+  EXPECT_DEATH(write_byte(bytes(a) + 100 + 64), "use-after-poison");
+  allocator.free(a.block);
+}
+
+TEST(CachingAllocatorAsan, UseAfterFreeIsReported) {
+  CachingAllocator allocator(0);
+  Allocation a = allocator.allocate(4096);
+  allocator.free(a.block);
+  EXPECT_DEATH(write_byte(bytes(a)), "use-after-poison");
+  Allocation b = allocator.allocate(4096);  // the same block, usable again
+  EXPECT_EQ(b.ptr, a.ptr);
+  write_byte(bytes(b) + 4095);
+  allocator.free(b.block);
+  allocator.empty_cache();  // unmapped unpoisoned: no stale poison left behind
+}
+
+}  // namespace
+}  // namespace ember::runtime
+#endif

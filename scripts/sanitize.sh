@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# make sanitize: ASan + UBSan build in build/sanitize/, then the runtime's
+#   GoogleTests and the Python test suite against it.
+# make tsan: ThreadSanitizer build of the runtime in build/tsan/, then its
+#   GoogleTests (the concurrency tests: allocator and stream pool from many
+#   threads, fork while other threads allocate).
+# Usage: scripts/sanitize.sh address|thread [pytest arguments]
+# SANITIZE_JOBS sets the build's parallelism (default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=$ROOT/.venv/bin/python
+JOBS=${SANITIZE_JOBS:-$(nproc)}
+kind=${1:?usage: scripts/sanitize.sh address|thread [pytest args]}
+shift
+
+configure() {  # build dir, flags, source dir
+  local build=$1 flags=$2 source=$3
+  if [ ! -f "$build/build.ninja" ]; then
+    echo "[sanitize] configuring $build ($flags)"
+    env TORCH_DEVICE_BACKEND_AUTOLOAD=0 cmake -S "$source" -B "$build" -G Ninja \
+      -DEMBER_ROOT="$ROOT" -DPython3_EXECUTABLE="$PY" \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_FLAGS="$flags -fno-omit-frame-pointer" \
+      -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
+      -DCMAKE_MODULE_LINKER_FLAGS="$flags" \
+      -DCMAKE_CXX_COMPILER_LAUNCHER=ccache >/dev/null
+  fi
+  echo "[sanitize] building $build"
+  env TORCH_DEVICE_BACKEND_AUTOLOAD=0 cmake --build "$build" -j"$JOBS"
+}
+
+case $kind in
+  address)
+    BUILD=build/sanitize
+    configure "$BUILD" "-fsanitize=address,undefined -fno-sanitize-recover=undefined" scripts/sanitize
+    echo "[sanitize] runtime GoogleTests under ASan + UBSan"
+    (cd "$BUILD" && ctest --output-on-failure)
+    # The package tree: the sanitized _C plus links to every other file.
+    PKG=$BUILD/python/torch_ember
+    for entry in torch_ember/*; do
+      case $entry in *.so) continue ;; esac
+      ln -sfn "$ROOT/$entry" "$PKG/$(basename "$entry")"
+    done
+    echo "[sanitize] Python tests under ASan + UBSan (ember's code instrumented; torch is not)"
+    # Python and torch are not instrumented: the runtime is preloaded, leaks
+    # (Python's, at exit) are not reported.
+    export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1:verify_asan_link_order=0}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+    EMBER_DEVICES=2 "$PY" -m pytest -q -p no:cacheprovider "${@:-tests}"
+    ;;
+  thread)
+    BUILD=build/tsan
+    # The runtime alone: Python and torch are not instrumented, and TSan
+    # reports every access it cannot see as a race.
+    configure "$BUILD" "-fsanitize=thread" runtime
+    echo "[sanitize] runtime GoogleTests under TSan"
+    (cd "$BUILD" && TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+      EMBER_DEVICES=4 ./ember_runtime_tests)
+    ;;
+  *)
+    echo "unknown sanitizer '$kind' (address or thread)" >&2
+    exit 2
+    ;;
+esac
