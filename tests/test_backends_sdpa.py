@@ -177,28 +177,31 @@ def _forward_backward(device: str, backend: SDPBackend, kwargs: dict) -> list[to
     return [t.detach().cpu() for t in (out, q.grad, k.grad, v.grad)]
 
 
-@pytest.mark.cpu_parity
-@pytest.mark.parametrize("mask", list(_masks(96)))
-@pytest.mark.parametrize(
-    "backend", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], ids=["flash", "math"]
-)
-def test_forward_and_backward_equal_cpu_bitwise(backend, mask):
+def _ember_and_cpu(backend, mask):
+    """(name, ember, cpu) for the output and the three input gradients."""
     kwargs = _masks(96)[mask]
     ember = _forward_backward("ember", backend, kwargs)
     cpu = _forward_backward("cpu", backend, kwargs)
-    for name, e, c in zip(("out", "dq", "dk", "dv"), ember, cpu, strict=True):
+    return zip(("out", "dq", "dk", "dv"), ember, cpu, strict=True)
+
+
+BACKENDS = pytest.mark.parametrize(
+    "backend", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], ids=["flash", "math"]
+)
+
+
+@pytest.mark.cpu_parity
+@pytest.mark.parametrize("mask", list(_masks(96)))
+@BACKENDS
+def test_forward_and_backward_equal_cpu_bitwise(backend, mask):
+    for name, e, c in _ember_and_cpu(backend, mask):
         assert torch.equal(e, c), (name, (e - c).abs().max().item())
 
 
 @pytest.mark.parametrize("mask", list(_masks(96)))
-@pytest.mark.parametrize(
-    "backend", [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], ids=["flash", "math"]
-)
+@BACKENDS
 def test_forward_and_backward_close_to_cpu_by_default(backend, mask):
-    kwargs = _masks(96)[mask]
-    ember = _forward_backward("ember", backend, kwargs)
-    cpu = _forward_backward("cpu", backend, kwargs)
-    for e, c in zip(ember, cpu, strict=True):
+    for _, e, c in _ember_and_cpu(backend, mask):
         torch.testing.assert_close(e, c, rtol=1e-4, atol=1e-5)
 
 
