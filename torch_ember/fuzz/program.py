@@ -227,7 +227,7 @@ OTHER = (
     "torch.einsum('...i,...i->...', {a}, {a})",
     "torch.topk({a}, 1, {d})[0]",
     "torch.unique({a}, sorted=True)",
-    "torch.bincount({a}.flatten().to(torch.int64).abs())",
+    "torch.bincount({a}.flatten().to(torch.int64).abs() % 64)",
     "torch.nn.functional.layer_norm({a}, {a}.shape[-1:])",
     "torch.addcmul({a}, {a}, {a}, value=0.5)",
 )
@@ -307,12 +307,24 @@ def generate(seed: int, max_lines: int = 14) -> Program:
     return program
 
 
+# Larger results are refused: programs stay small (and a fuzz run's memory
+# bounded; a data-dependent size such as bincount's could ask for gigabytes).
+MAX_NUMEL = 1 << 16
+
+
+def _too_big(env: dict) -> bool:
+    return any(v.numel() > MAX_NUMEL for v in env.values() if isinstance(v, torch.Tensor))
+
+
 def _try(program: Program, env: dict, line: str) -> bool:
-    """Runs ``line`` on the CPU environment; keeps it if CPU accepts it."""
+    """Runs ``line`` on the CPU environment; keeps it if CPU accepts it (and
+    its result stays small)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
             exec(line, env)  # noqa: S102
+            if _too_big(env):
+                raise MemoryError(f"a result above {MAX_NUMEL} elements")
         except Exception:  # noqa: BLE001 - CPU refused: not a valid program line
             # A refused in-place op may have written part of its output: start over.
             env.clear()
