@@ -49,6 +49,9 @@ case $kind in
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1:verify_asan_link_order=0}
     export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
     export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+    # Never the source tree's (unsanitized) package through the current
+    # directory, which `python -m` and `python -c` put first on sys.path.
+    export PYTHONSAFEPATH=1
     EMBER_DEVICES=2 "$PY" -m pytest -q -p no:cacheprovider "${@:-tests}"
     ;;
   thread)

@@ -374,3 +374,29 @@ def test_debug_heap_reports_an_overrun_with_the_op(run_python):
         "[ember] heap check: 4000-byte block from aten::sin written up to 201 bytes past its end",
         "case None",  # an untouched block: nothing reported
     ]
+
+
+def _asan_loaded() -> bool:
+    with open("/proc/self/maps") as maps:
+        return "libasan" in maps.read()
+
+
+@pytest.mark.skipif(not _asan_loaded(), reason="only under make sanitize (ASan)")
+def test_asan_reports_a_write_past_an_ember_tensor(run_python):
+    """make sanitize: the allocator poisons the slack behind every block, so
+    the issue's 64-byte overrun is reported (it went unseen before)."""
+    code = (
+        "import ctypes, torch\n"
+        "x = torch.empty(1000, device='ember')\n"
+        "end = x.data_ptr() + 4000\n"
+        "ctypes.memset(end - 64, 0, 64)\n"  # the tensor's own last bytes: fine
+        "print('inside ok', flush=True)\n"
+        "ctypes.memset(end, 0, 64)\n"
+        "print('not reported', flush=True)\n"
+    )
+    result = run_python(code)
+    assert result.stdout.split("\n")[0] == "inside ok"
+    assert "not reported" not in result.stdout
+    assert result.returncode != 0
+    assert "AddressSanitizer: use-after-poison" in result.stderr
+    assert "WRITE of size 64" in result.stderr
