@@ -46,9 +46,20 @@ def test_tanh_special_values():
         lambda: torch.randn(6, 9).t(),  # dense, transposed
         lambda: torch.randn(6, 9)[:, ::2],  # strided: CPU's kernel
         lambda: torch.randn(0, 4),
+        lambda: torch.randn(7, 0).t(),  # empty, transposed: CPU's kernel
+        lambda: torch.randn(1, 5, 1)[:, ::2],  # size-1 dims, odd strides
         lambda: torch.randn(17, dtype=torch.float64),  # other dtype: CPU's kernel
     ],
-    ids=["contiguous", "channels_last", "transposed", "strided", "empty", "float64"],
+    ids=[
+        "contiguous",
+        "channels_last",
+        "transposed",
+        "strided",
+        "empty",
+        "empty_transposed",
+        "size1",
+        "float64",
+    ],
 )
 def test_tanh_layouts_match_cpu(make):
     x = make()

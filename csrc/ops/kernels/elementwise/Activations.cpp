@@ -2,8 +2,10 @@
 // under cpu_parity, and for what the kernels do not cover (other dtypes,
 // overlapping or strided layouts, no AVX-512), CPU's kernel on aliases.
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/tanh_ops.h>
+
+#include <optional>
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
@@ -14,28 +16,38 @@
 namespace ember::kernels {
 namespace {
 
-// A float32 tensor whose elements fill its memory exactly once, so the
-// kernel can run over it as one flat array (in any dense layout).
-bool flat_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_non_overlapping_and_dense() &&
-         !t.is_conj() && !t.is_neg();
+// The layout of a float32 tensor the kernel runs over as one flat array,
+// in the layout CPU's TensorIterator gives the result (contiguous or
+// channels-last; other dense layouts and empty tensors, whose result strides
+// follow finer rules, stay with CPU's kernel).
+std::optional<at::MemoryFormat> flat_layout(const at::Tensor& t) {
+  if (t.scalar_type() != at::kFloat || t.numel() == 0 || t.is_conj() ||
+      t.is_neg()) {
+    return std::nullopt;
+  }
+  if (t.is_contiguous()) return at::MemoryFormat::Contiguous;
+  if (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return at::MemoryFormat::ChannelsLast;
+  }
+  return std::nullopt;
 }
 
-bool own_kernel_applies(const at::Tensor& self) {
-  return !flags::cpu_parity() && vector_math_supported() && flat_float(self);
+std::optional<at::MemoryFormat> own_kernel_layout(const at::Tensor& self) {
+  if (flags::cpu_parity() || !vector_math_supported()) return std::nullopt;
+  return flat_layout(self);
 }
 
 }  // namespace
 
 at::Tensor tanh(const at::Tensor& self) {
-  if (!own_kernel_applies(self)) {
+  const std::optional<at::MemoryFormat> layout = own_kernel_layout(self);
+  if (!layout) {
     return unboxed::functional<at::_ops::tanh, const at::Tensor&>(self);
   }
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::tanh",
-      [](const at::Tensor& x) {
-        // empty_like keeps a dense layout's strides: same element order.
-        at::Tensor result = at::empty_like(x);
+      [&](const at::Tensor& x) {
+        at::Tensor result = at::empty(x.sizes(), x.options(), *layout);
         tanh_f32(x.const_data_ptr<float>(), result.mutable_data_ptr<float>(),
                  x.numel());
         return result;
