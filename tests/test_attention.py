@@ -162,3 +162,20 @@ def test_strided_head_dim_through_sdpa_matches_float64():
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     ref = _reference(q.cpu(), k.cpu(), v.cpu(), None, True)
     torch.testing.assert_close(out.cpu().double(), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_split_views_like_gpt2_take_embers_kernel(capfd):
+    # GPT-2 splits one [b, s, 3*h*d] projection into q, k, v: views that are
+    # not dense. CPU lays the output out as empty_like(q) does for them.
+    qkv = torch.randn(2, 20, 3 * 4 * 16)
+    q, k, v = (t.view(2, 20, 4, 16).transpose(1, 2) for t in qkv.split(64, dim=2))
+    out_cpu, lse_cpu = FLASH(q, k, v, 0.0, True)
+    qkv_e = qkv.to(DEVICE)
+    qe, ke, ve = (t.view(2, 20, 4, 16).transpose(1, 2) for t in qkv_e.split(64, dim=2))
+    with be.verbose(1):
+        out, lse = FLASH(qe, ke, ve, 0.0, True)
+    if be.capabilities()["avx512f"]:
+        assert "ember/attention" in capfd.readouterr().err
+    assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
+    torch.testing.assert_close(out.cpu(), out_cpu)
+    torch.testing.assert_close(lse.cpu(), lse_cpu)

@@ -40,9 +40,7 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
                                   std::optional<double> scale) {
   if (flags::cpu_parity() || flags::deterministic() || dropout_p != 0.0 ||
       !attn::supported() || !unit_last_dim(q) || !unit_last_dim(k) ||
-      !unit_last_dim(v) || !q.is_non_overlapping_and_dense()) {
-    // (A dense query makes the output, laid out like it, dense with unit
-    // last stride too.)
+      !unit_last_dim(v)) {
     return std::nullopt;
   }
   const int64_t batch = q.size(0), heads = q.size(1);
@@ -113,15 +111,22 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         const at::Tensor out = at::empty_like(q);
         const at::Tensor lse =
             at::empty({p.batch, p.q_len, p.heads}, q.options()).transpose(1, 2);
-        p.out = out.mutable_data_ptr<float>();
-        p.out_batch_stride = out.stride(0);
-        p.out_head_stride = out.stride(1);
-        p.out_row_stride = out.stride(2);
+        // The kernel writes rows of unit stride; a layout empty_like picks
+        // otherwise (channels-last-like strides of a non-dense query) gets
+        // the result copied in.
+        const bool direct = out.stride(3) == 1 || p.v_dim == 1;
+        const at::Tensor target =
+            direct ? out : at::empty(out.sizes(), q.options());
+        p.out = target.mutable_data_ptr<float>();
+        p.out_batch_stride = target.stride(0);
+        p.out_head_stride = target.stride(1);
+        p.out_row_stride = target.stride(2);
         p.logsumexp = lse.mutable_data_ptr<float>();
         p.lse_batch_stride = lse.stride(0);
         p.lse_head_stride = lse.stride(1);
         p.lse_row_stride = lse.stride(2);
         attn::forward(p);
+        if (!direct) out.copy_(target);
         return std::make_tuple(out, lse);
       },
       query);
