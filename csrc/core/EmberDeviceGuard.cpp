@@ -120,6 +120,18 @@ void EmberDeviceGuardImpl::synchronizeStream(const c10::Stream& stream) const {
   from_c10(stream).synchronize();
 }
 
+c10::DeviceCapability EmberDeviceGuardImpl::getDeviceCapability(
+    c10::Device device) const {
+  translate_runtime_errors([&] {
+    if (device.index() >= 0) rt::device(device.index());
+  });
+  c10::DeviceCapability capability;  // all dtypes
+  auto& types = capability.capability_data.supported_scalar_types;
+  types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = false;
+  types.has_QUInt4x2 = types.has_QUInt2x4 = false;
+  return capability;
+}
+
 void EmberDeviceGuardImpl::synchronizeDevice(
     c10::DeviceIndex device_index) const {
   translate_runtime_errors([&] {

@@ -18,6 +18,9 @@ class EmberDeviceGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device device) const override;
   void uncheckedSetDevice(c10::Device device) const noexcept override;
   c10::DeviceIndex deviceCount() const noexcept override;
+  // torch.accelerator.get_device_capability: every dtype but the quantized
+  // ones (ember has no quantized tensors).
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override;
 
   c10::Stream getStream(c10::Device device) const override;
   c10::Stream getDefaultStream(c10::Device device) const override;

@@ -1,5 +1,6 @@
 #include "core/EmberHooks.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -76,10 +77,47 @@ void EmberHooks::resizePrivateUse1Bytes(const c10::Storage& storage,
   resize_storage_bytes(storage.unsafeGetStorageImpl(), new_bytes);
 }
 
+namespace {
+
+// The at::HostAllocator ATen's device-generic code asks for by device type
+// (torch.accelerator.empty_host_cache, host stats). Without one registered
+// for PrivateUse1, at::getHostAllocator returns null and
+// torch.accelerator.empty_host_cache() dereferenced it (a segfault as soon as
+// ember was initialised). Host buffers for ember are the hooks' pinned
+// allocator's: nothing is cached here, so there is nothing to empty and the
+// statistics stay zero.
+class EmberHostAllocator final : public at::HostAllocator {
+ public:
+  explicit EmberHostAllocator(const EmberHooks& hooks) : hooks_(hooks) {}
+
+  at::DataPtr allocate(size_t n) override {
+    return hooks_.getPinnedMemoryAllocator()->allocate(n);
+  }
+  at::DeleterFnPtr raw_deleter() const override {
+    return hooks_.getPinnedMemoryAllocator()->raw_deleter();
+  }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    hooks_.getPinnedMemoryAllocator()->copy_data(dest, src, count);
+  }
+  // Execution completes before a host buffer can be reused.
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+
+ private:
+  const EmberHooks& hooks_;
+};
+
+}  // namespace
+
 void register_hooks() {
   static const bool registered = [] {
     static EmberHooks hooks;
     at::RegisterPrivateUse1HooksInterface(&hooks);
+    static EmberHostAllocator host_allocator(hooks);
+    at::setHostAllocator(c10::DeviceType::PrivateUse1, &host_allocator);
     return true;
   }();
   (void)registered;

@@ -26,6 +26,7 @@ namespace py = pybind11;
 
 namespace ember {
 void bind_flags(py::module& parent);  // FlagsBindings.cpp
+void bind_ecosystem(py::module& m);   // EcosystemBindings.cpp
 
 namespace {
 
@@ -249,4 +250,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("strict_mode", &strict_mode);
   m.def("set_strict_mode", &set_strict_mode);
   bind_flags(m);
+  bind_ecosystem(m);
 }

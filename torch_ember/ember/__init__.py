@@ -42,6 +42,8 @@ from torch_ember.ember.streams import (
     stream,
 )
 
+OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
+
 _ipc.register()  # ember tensors through torch.multiprocessing (by value)
 
 
@@ -149,9 +151,14 @@ def get_device_name(device: Any = None) -> str:
     return get_device_properties(device).name
 
 
-def get_device_capability(device: Any = None) -> dict:
-    """The host CPU's ISA features (the closest thing to a compute capability)."""
-    return _C.cpu_features()
+def get_device_capability(device: Any = None) -> dict[str, Any]:
+    """torch.accelerator's form, ``{"supported_dtypes": {...}}`` (every dtype
+    but the quantized ones), plus ``"cpu_features"``: the host CPU's ISA
+    features, the closest thing to a compute capability."""
+    index = _device_index(device, optional=True)
+    capability = dict(torch._C._accelerator_getDeviceCapability(index))
+    capability["cpu_features"] = _C.cpu_features()
+    return capability
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
@@ -164,6 +171,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 __all__ = [
     "Event",
+    "OutOfMemoryError",
     "Stream",
     "StreamContext",
     "current_device",

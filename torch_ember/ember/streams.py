@@ -22,6 +22,11 @@ class Stream(torch.Stream):
         index = _device_index(device, optional=True)
         return super().__new__(cls, device=torch.device("ember", index), priority=priority)
 
+    @property
+    def priority(self) -> int:
+        """The priority the stream was created with (lower is higher, as CUDA's)."""
+        return _C.stream_priority(self.device_index, self.stream_id)
+
     def wait_event(self, event: "Event") -> None:
         event.wait(self)
 
