@@ -14,6 +14,7 @@
 #include "flags/BackendFlags.h"
 #include "flags/Environment.h"
 #include "observe/ExecutionPath.h"
+#include "observe/MemoryEvents.h"
 #include "observe/OpLog.h"
 
 namespace ember {
@@ -26,6 +27,11 @@ namespace rt = ember::runtime;
 template <int Index>
 void free_on_device(void* block) {
   if (flags::verbose_level() >= 2) observe::log_free(Index, block);
+  if (observe::memory_observed()) {
+    const auto [ptr, size] =
+        rt::CachingAllocator::span(static_cast<const rt::Block*>(block));
+    observe::on_free(Index, ptr, size);
+  }
   rt::device(Index).allocator().free(static_cast<rt::Block*>(block));
 }
 
@@ -90,6 +96,10 @@ void free_cpu_kernel_block(void* data) {
   if (flags::verbose_level() >= 2) {
     observe::log_free(static_cast<int>(header->device), data);
   }
+  if (observe::memory_observed()) {
+    observe::on_free(static_cast<int>(header->device), data,
+                     rt::CachingAllocator::span(header->block).second);
+  }
   rt::device(static_cast<int>(header->device)).allocator().free(header->block);
 }
 
@@ -123,6 +133,10 @@ c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
   if (flags::verbose_level() >= 2) {
     observe::log_allocation(device, nbytes, allocation.ptr);
   }
+  if (observe::memory_observed()) {
+    observe::on_allocate(device, allocation.ptr,
+                         rt::CachingAllocator::span(allocation.block).second);
+  }
   return c10::DataPtr(allocation.ptr, allocation.block, kDeleters[device],
                       tag_device);
 }
@@ -144,6 +158,10 @@ c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(
   }
   if (flags::verbose_level() >= 2)
     observe::log_allocation(device, nbytes, data);
+  if (observe::memory_observed()) {
+    observe::on_allocate(device, data,
+                         rt::CachingAllocator::span(allocation.block).second);
+  }
   return c10::DataPtr(data, data, &free_cpu_kernel_block, cpu);
 }
 

@@ -523,6 +523,28 @@ std::size_t CachingAllocator::memory_limit_locked() const {
   return state_->limit_setting == 0 ? capacity_ : state_->limit_setting;
 }
 
+std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
+  std::vector<SegmentSnapshot> out;
+  std::lock_guard<std::mutex> lock(mutex_);
+  out.reserve(state_->segments.size());
+  for (const auto& [base, segment] : state_->segments) {
+    SegmentSnapshot& s = out.emplace_back();
+    s.address = base;
+    s.size = segment->size;
+    s.small = segment->small;
+    for (const Block* b = segment->head; b != nullptr; b = b->next) {
+      const bool allocated = b->state == BlockState::kAllocated;
+      s.blocks.push_back({reinterpret_cast<std::uintptr_t>(b->ptr), b->size,
+                          allocated ? b->requested : 0, allocated});
+    }
+  }
+  return out;
+}
+
+std::pair<void*, std::size_t> CachingAllocator::span(const Block* block) {
+  return {block->ptr, block->size};
+}
+
 bool CachingAllocator::owns(const void* ptr) const {
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -15,6 +15,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ember::runtime {
 
@@ -68,6 +70,21 @@ class OutOfMemory final : public std::runtime_error {
 
 struct Block;  // opaque: a span of a segment
 
+// One segment and its blocks in address order, as snapshot() reports them
+// (the shape of torch.cuda.memory_snapshot()'s segments).
+struct BlockSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;       // rounded
+  std::size_t requested = 0;  // what the client asked for; 0 when free
+  bool allocated = false;
+};
+struct SegmentSnapshot {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  bool small = false;  // the small pool (requests <= 1 MiB)
+  std::vector<BlockSnapshot> blocks;
+};
+
 // What allocate() hands out: the pointer, and the handle free() takes back.
 struct Allocation {
   void* ptr = nullptr;
@@ -98,6 +115,12 @@ class CachingAllocator final {
   std::size_t memory_limit() const;
   // Physical memory the device can address (the machine's RAM).
   std::size_t capacity() const { return capacity_; }
+
+  // Every segment with its blocks, by address (memory_snapshot()).
+  std::vector<SegmentSnapshot> snapshot() const;
+  // Pointer and rounded size of a block allocate() handed out that free()
+  // has not taken back (memory observers: profiler, history).
+  static std::pair<void*, std::size_t> span(const Block* block);
 
   // True if ptr lies inside a segment of this allocator.
   bool owns(const void* ptr) const;
