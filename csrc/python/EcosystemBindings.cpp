@@ -15,6 +15,7 @@
 #include "ember/runtime/caching_allocator.h"
 #include "ember/runtime/device.h"
 #include "observe/MemoryEvents.h"
+#include "ops/CpuAlias.h"
 
 namespace py = pybind11;
 
@@ -151,6 +152,14 @@ void bind_ecosystem(py::module& m) {
   m.def("stream_priority", [](int device, int64_t stream_id) {
     return translate_runtime_errors(
         [&] { return rt::device(device).streams().get(stream_id).priority(); });
+  });
+  // A CPU tensor over an ember tensor's bytes (zero-copy; keeps the ember
+  // storage alive): what the "ember" c10d backend hands gloo.
+  m.def("cpu_alias", [](const at::Tensor& tensor) {
+    TORCH_CHECK(tensor.device().type() == c10::DeviceType::PrivateUse1,
+                "cpu_alias expects an ember tensor, got one on ",
+                tensor.device());
+    return cpu_alias(tensor);
   });
   m.def("memory_snapshot", &memory_snapshot, py::arg("include_traces") = true);
   m.def("record_memory_history",
