@@ -229,6 +229,33 @@ std::pair<size_t, size_t> EmberDeviceAllocator::getMemoryInfo(
   });
 }
 
+void EmberDeviceAllocator::recordStream(const c10::DataPtr& data_ptr,
+                                        c10::Stream stream) {
+  if (!data_ptr) return;
+  const std::optional<c10::DeviceIndex> device = pool_device_of(data_ptr);
+  if (!device) return;  // not from an ember pool: nothing is reused
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream: expected an ember stream, got one of ",
+              stream.device());
+  rt::Block* block = data_ptr.get_deleter() == &free_cpu_kernel_block
+                         ? header_of(data_ptr.get())->block
+                         : static_cast<rt::Block*>(data_ptr.get_context());
+  translate_runtime_errors([&] {
+    rt::Stream* target = nullptr;
+    try {
+      target = &rt::device(stream.device_index()).streams().get(stream.id());
+    } catch (const std::out_of_range&) {
+      TORCH_CHECK(false, "unknown ember stream id ", stream.id(), " on ",
+                  stream.device());
+    }
+    rt::device(*device).allocator().record_stream(block, *target);
+  });
+}
+
+void record_stream(const at::Tensor& tensor, c10::Stream stream) {
+  device_allocator()->recordStream(tensor.storage().data_ptr(), stream);
+}
+
 EmberDeviceAllocator* device_allocator() {
   static EmberDeviceAllocator allocator;
   return &allocator;

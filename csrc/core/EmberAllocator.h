@@ -2,6 +2,7 @@
 // runtime's per-device CachingAllocator (runtime/caching_allocator.h).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <optional>
@@ -26,8 +27,9 @@ class EmberDeviceAllocator final : public c10::DeviceAllocator {
 
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
-  // Execution is synchronous, so a block is never in flight on a stream.
-  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  // The block is not reused until `stream` has passed the point where it
+  // is freed (runtime CachingAllocator::record_stream).
+  void recordStream(const c10::DataPtr& data_ptr, c10::Stream stream) override;
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(
       c10::DeviceIndex device) override;
   void resetAccumulatedStats(c10::DeviceIndex device) override;
@@ -36,6 +38,9 @@ class EmberDeviceAllocator final : public c10::DeviceAllocator {
 };
 
 EmberDeviceAllocator* device_allocator();
+
+// Tensor.record_stream for ember tensors (aten::record_stream).
+void record_stream(const at::Tensor& tensor, c10::Stream stream);
 
 // The ember device whose pool owns this DataPtr's memory (recognised by its
 // deleter), or nullopt for memory from anywhere else.

@@ -117,7 +117,8 @@ bool EmberDeviceGuardImpl::queryStream(const c10::Stream& stream) const {
 }
 
 void EmberDeviceGuardImpl::synchronizeStream(const c10::Stream& stream) const {
-  from_c10(stream).synchronize();
+  rt::Stream& target = from_c10(stream);
+  translate_runtime_errors([&] { target.synchronize(); });
 }
 
 c10::DeviceCapability EmberDeviceGuardImpl::getDeviceCapability(
@@ -154,12 +155,14 @@ void EmberDeviceGuardImpl::record(void** event, const c10::Stream& stream,
     ember_event = new rt::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
     *event = ember_event;
   }
-  ember_event->record(target);
+  translate_runtime_errors([&] { ember_event->record(target); });
 }
 
 void EmberDeviceGuardImpl::block(void* event, const c10::Stream& stream) const {
   if (event == nullptr) return;  // never recorded: nothing to wait for
-  static_cast<rt::Event*>(event)->block(from_c10(stream));
+  rt::Stream& target = from_c10(stream);
+  translate_runtime_errors(
+      [&] { static_cast<rt::Event*>(event)->block(target); });
 }
 
 bool EmberDeviceGuardImpl::queryEvent(void* event) const {
@@ -167,7 +170,9 @@ bool EmberDeviceGuardImpl::queryEvent(void* event) const {
 }
 
 void EmberDeviceGuardImpl::synchronizeEvent(void* event) const {
-  if (event != nullptr) static_cast<rt::Event*>(event)->synchronize();
+  if (event == nullptr) return;
+  translate_runtime_errors(
+      [&] { static_cast<rt::Event*>(event)->synchronize(); });
 }
 
 double EmberDeviceGuardImpl::elapsedTime(void* start, void* end,

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/EmberGenerator.h"
+#include "core/EmberPinnedAllocator.h"
 #include "core/RuntimeErrors.h"
 #include "core/StorageResize.h"
 #include "ember/runtime/device.h"
@@ -66,10 +67,15 @@ at::Device EmberHooks::getDeviceFromPtr(void* data) const {
   TORCH_CHECK(false, "pointer ", data, " is not ember device memory");
 }
 
+bool EmberHooks::isPinnedPtr(const void* data) const {
+  return is_pinned_ptr(data);
+}
+
 at::Allocator* EmberHooks::getPinnedMemoryAllocator() const {
-  // ember memory already is host memory; pinned host buffers are plain
-  // CPU memory.
-  return c10::GetCPUAllocator();
+  // Page-locked CPU memory (csrc/core/EmberPinnedAllocator.h): what
+  // pin_memory() and pin_memory=True return, and what non_blocking copies
+  // to ember queue on the stream instead of running inline.
+  return pinned_memory_allocator();
 }
 
 void EmberHooks::resizePrivateUse1Bytes(const c10::Storage& storage,

@@ -21,7 +21,7 @@ struct EmberHooks final : public at::PrivateUse1HooksInterface {
       c10::DeviceIndex device) const override;
   at::Generator getNewGenerator(c10::DeviceIndex device) const override;
   at::Device getDeviceFromPtr(void* data) const override;
-  bool isPinnedPtr(const void*) const override { return false; }
+  bool isPinnedPtr(const void* data) const override;
   at::Allocator* getPinnedMemoryAllocator() const override;
   void resizePrivateUse1Bytes(const c10::Storage& storage,
                               size_t new_bytes) const override;

@@ -20,6 +20,10 @@ decltype(auto) translate_runtime_errors(Fn&& fn) {
     TORCH_CHECK(false, e.what());
   } catch (const runtime::InvalidConfiguration& e) {
     TORCH_CHECK(false, e.what());
+  } catch (const runtime::AsyncError& e) {
+    TORCH_CHECK(false, e.what());
+  } catch (const runtime::ForkedWithWorkInFlight& e) {
+    TORCH_CHECK(false, e.what());
   }
 }
 

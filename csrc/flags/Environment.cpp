@@ -97,7 +97,7 @@ std::optional<std::string> env_fallback_policy() {
 std::vector<std::string> environment_errors() {
   std::vector<std::string> errors;
   try {
-    runtime::parse_device_count(std::getenv("EMBER_DEVICES"));
+    runtime::check_device_configuration();  // EMBER_DEVICES, _DEVICE_CORES
   } catch (const runtime::InvalidConfiguration& error) {
     errors.emplace_back(error.what());
   }

@@ -12,6 +12,7 @@
 //   EMBER_VERBOSE       0, 1 or 2                  verbose(level)
 //   EMBER_DEBUG_HEAP    0 or 1                     (none: start-up only)
 //   EMBER_DEVICES       integer in 1..64           (runtime/device.cpp)
+//   EMBER_DEVICE_CORES  core sets, e.g. "0-7,8-15" (runtime/device.cpp)
 // Unset or empty means "not set" (EMBER_DEVICES: unset only).
 #pragma once
 

@@ -5,6 +5,7 @@
 // without touching the ops.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <utility>
@@ -12,6 +13,22 @@
 #include "ember/runtime/device.h"
 
 namespace ember {
+
+// While alive, OpenMP regions started by this thread use at most `device`'s
+// core count (restored afterwards). Used only when devices own a share of the
+// cores (runtime::cores_partitioned()): the thread that drives a device
+// then runs its kernels with that device's thread count, so two threads
+// driving two devices do not oversubscribe the cores.
+class IntraOpThreads final {
+ public:
+  explicit IntraOpThreads(c10::DeviceIndex device);
+  ~IntraOpThreads();
+  IntraOpThreads(const IntraOpThreads&) = delete;
+  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
+
+ private:
+  int previous_ = 0;  // 0: unchanged
+};
 
 inline c10::DeviceIndex current_device_index() {
   return static_cast<c10::DeviceIndex>(runtime::current_device());
@@ -28,7 +45,24 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
       if (previous != device) runtime::set_current_device(previous);
     }
   } restore{previous, device};
-  runtime::device(device).streams().current().run(std::forward<Work>(work));
+  runtime::Stream& stream = runtime::device(device).streams().current();
+  if (runtime::cores_partitioned()) [[unlikely]] {
+    IntraOpThreads threads(device);
+    stream.run(std::forward<Work>(work));
+    return;
+  }
+  stream.run(std::forward<Work>(work));
 }
+
+// A non_blocking copy from pinned host memory (pin_memory()) into an ember
+// tensor: queued on the destination device's current stream, as CUDA's
+// cudaMemcpyAsync, when both are dense with the same dtype and layout.
+// Returns false (nothing queued) for any other copy, which then runs
+// synchronously. The queued work holds both tensors until it has run.
+bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst);
+
+// Before the host (or another device) reads `device`'s memory: waits for
+// the work queued on its streams and raises a pending asynchronous error.
+void synchronize_for_host_read(c10::DeviceIndex device);
 
 }  // namespace ember

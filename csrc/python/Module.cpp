@@ -27,6 +27,7 @@ namespace py = pybind11;
 namespace ember {
 void bind_flags(py::module& parent);  // FlagsBindings.cpp
 void bind_ecosystem(py::module& m);   // EcosystemBindings.cpp
+void bind_engine(py::module& m);      // EngineBindings.cpp
 
 namespace {
 
@@ -78,6 +79,7 @@ py::dict device_properties(int device) {
   d["name"] = p.name;
   d["index"] = p.index;
   d["cores"] = p.cores;
+  d["core_ids"] = p.core_ids;
   d["numa_node"] = p.numa_node;
   d["total_memory"] = p.total_memory;
   d["isa"] = p.isa;
@@ -186,6 +188,7 @@ PYBIND11_MODULE(_C, m) {
     translate_runtime_errors([&] { rt::set_current_device(device); });
   });
   m.def("synchronize", [](int device) {
+    py::gil_scoped_release no_gil;  // queued work never needs the GIL
     translate_runtime_errors([&] { rt::device(device).synchronize(); });
   });
   m.def("device_properties", &device_properties);
@@ -251,4 +254,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_strict_mode", &set_strict_mode);
   bind_flags(m);
   bind_ecosystem(m);
+  bind_engine(m);
 }

@@ -34,9 +34,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <limits>
+#include <unordered_map>
+#include <vector>
 
 #include "block_pool.h"
 #include "ember/runtime/cpu_features.h"
+#include "ember/runtime/stream.h"
+#include "ember/runtime/topology.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -193,6 +197,15 @@ struct CachingAllocator::State {
   // deferred frees), so only the latter are kept; stats() copies them over.
   MemoryStats stats;
   std::size_t limit_setting = 0;  // 0 = capacity
+  int numa_node = -1;             // node new segments prefer; -1: none
+  // record_stream: streams that used a block besides the one it was
+  // allocated for, and freed blocks waiting for those streams.
+  std::unordered_map<Block*, std::vector<Stream*>> stream_uses;
+  struct Deferred {
+    Block* block;
+    std::vector<Event> events;  // recorded on the using streams at free()
+  };
+  std::vector<Deferred> deferred;
 
   ~State() {
     for (auto& [base, segment] : segments) {
@@ -235,6 +248,8 @@ struct CachingAllocator::State {
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) return nullptr;
+    // Before the first touch, so every page lands on the device's node.
+    if (numa_node >= 0) (void)topology().bind_memory(base, size, numa_node);
     poison(base, size);
     segment->base = static_cast<char*>(base);
     segment->size = size;
@@ -416,6 +431,16 @@ CachingAllocator::CachingAllocator(int device_index, std::size_t limit_bytes)
 
 CachingAllocator::~CachingAllocator() = default;
 
+void CachingAllocator::bind_to_numa_node(int node) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_->numa_node = node;
+}
+
+int CachingAllocator::numa_node() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_->numa_node;
+}
+
 Allocation CachingAllocator::allocate(std::size_t nbytes) {
   if (nbytes == 0) return {};
   const bool servable = nbytes <= kMaxRequest;
@@ -424,6 +449,8 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
 
   std::unique_lock<std::mutex> lock(mutex_);
   State& state = *state_;
+  if (!state.deferred.empty()) [[unlikely]]
+    process_deferred_locked();
   Block* block = nullptr;
   if (servable) {
     // Everything that may throw happens before the free lists change.
@@ -454,23 +481,93 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
   return {block->ptr, block};
 }
 
+// Caller holds mutex_; `block` is allocated.
+void CachingAllocator::free_locked(Block* block) {
+  State& state = *state_;
+  const auto bytes = static_cast<int64_t>(block->size);
+  subtract(state.stats.allocation, 1);
+  subtract(state.stats.allocated_bytes, bytes);
+  subtract(state.stats.requested_bytes, static_cast<int64_t>(block->requested));
+  poison(block->ptr, block->size);
+  state.release(block);
+}
+
+// Caller holds mutex_: frees the deferred blocks whose streams have passed
+// their free point.
+void CachingAllocator::process_deferred_locked() {
+  auto& deferred = state_->deferred;
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < deferred.size(); ++i) {
+    bool done = true;
+    for (const Event& event : deferred[i].events) done = done && event.query();
+    if (done) {
+      free_locked(deferred[i].block);
+    } else {
+      deferred[kept++] = std::move(deferred[i]);
+    }
+  }
+  deferred.resize(kept);
+}
+
+void CachingAllocator::record_stream(Block* block, Stream& stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  State& state = *state_;
+  if (!state.blocks.contains(block) || block->state != BlockState::kAllocated) {
+    throw std::invalid_argument(
+        "ember:" + std::to_string(device_index_) +
+        " allocator: record_stream() of a block that is not allocated here");
+  }
+  auto& uses = state.stream_uses[block];
+  for (Stream* used : uses) {
+    if (used == &stream) return;
+  }
+  uses.push_back(&stream);
+}
+
+std::size_t CachingAllocator::deferred_frees() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_->deferred.size();
+}
+
 void CachingAllocator::free(Block* block) {
   if (block == nullptr) return;
+  std::vector<Stream*> uses;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     State& state = *state_;
     // Only records of this allocator's slabs are ever dereferenced.
     if (state.blocks.contains(block) &&
         block->state == BlockState::kAllocated) {
-      const auto bytes = static_cast<int64_t>(block->size);
-      subtract(state.stats.allocation, 1);
-      subtract(state.stats.allocated_bytes, bytes);
-      subtract(state.stats.requested_bytes,
-               static_cast<int64_t>(block->requested));
-      poison(block->ptr, block->size);
-      state.release(block);
-      return;
+      if (!state.stream_uses.empty()) [[unlikely]] {
+        if (auto it = state.stream_uses.find(block);
+            it != state.stream_uses.end()) {
+          uses = std::move(it->second);
+          state.stream_uses.erase(it);
+        }
+      }
+      if (uses.empty()) {
+        free_locked(block);
+        return;
+      }
     }
+  }
+  if (!uses.empty()) {
+    // Events recorded outside the allocator's lock (recording takes the
+    // stream's): the block is reused once every stream that used it has
+    // passed this point.
+    std::vector<Event> events;
+    for (Stream* stream : uses) {
+      Event event;
+      event.record(*stream);
+      if (!event.query()) events.push_back(std::move(event));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (events.empty()) {
+      free_locked(block);
+    } else {
+      state_->deferred.push_back({block, std::move(events)});
+    }
+    return;
   }
   throw std::invalid_argument(
       "ember:" + std::to_string(device_index_) +
@@ -480,6 +577,7 @@ void CachingAllocator::free(Block* block) {
 
 void CachingAllocator::empty_cache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  process_deferred_locked();
   state_->release_fully_free_segments();
 }
 

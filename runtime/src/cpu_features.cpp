@@ -150,7 +150,7 @@ CpuFeatures detect() { return {}; }
 
 // The affinity mask of this process; grows the set for machines with more
 // CPUs than a default cpu_set_t holds.
-std::vector<int> allowed_cpus() {
+std::vector<int> read_allowed_cpus() {
   for (int ncpus = 1024; ncpus <= (1 << 20); ncpus *= 2) {
     cpu_set_t* set = CPU_ALLOC(ncpus);
     if (set == nullptr) break;
@@ -183,6 +183,8 @@ const CpuFeatures& cpu_features() {
   static const CpuFeatures features = detect();
   return features;
 }
+
+std::vector<int> allowed_cpus() { return read_allowed_cpus(); }
 
 int available_cores() {
   const auto count = static_cast<int>(allowed_cpus().size());

@@ -1,18 +1,36 @@
-// Streams and events. Execution is synchronous (see stream.h), so the only
-// state here is bookkeeping: which streams exist, which one is current on
-// each thread, and where and when an event was recorded.
+// Streams and events: the execution engine (see stream.h). Each stream owns
+// a FIFO queue and, once work is queued, one worker thread pinned to the
+// device's cores. Events are markers in that queue; a cross-stream wait is a
+// marker that blocks the waiting stream's worker until the event completes.
 #include "ember/runtime/stream.h"
 
-#include <stdexcept>
+#include <pthread.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "ember/runtime/device.h"
+
 namespace ember::runtime {
+
+struct EventState {
+  std::atomic<bool> done{false};
+  Event::Clock::time_point time{};
+};
 
 namespace {
 
 std::atomic<uint64_t> next_pool_serial{0};
+std::atomic<WorkerStartHook> worker_start_hook{nullptr};
+std::atomic<bool> forked_broken{false};
+// Set by the first queued work of the process: until then every stream is
+// idle and synchronize_all has nothing to wait for (the common synchronous
+// case pays one load per host read).
+std::atomic<bool> any_work_queued{false};
 
 // Current stream id of each pool on this thread; pools this thread never
 // set a stream on are absent and use the default stream.
@@ -21,23 +39,233 @@ std::unordered_map<uint64_t, StreamId>& current_stream_ids() {
   return ids;
 }
 
+void check_not_forked_broken() {
+  if (forked_broken.load(std::memory_order_acquire)) [[unlikely]] {
+    throw ForkedWithWorkInFlight();
+  }
+}
+
+void pin_to_cores(const std::vector<int>& cores) {
+  if (cores.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int core : cores) {
+    if (core >= 0 && core < CPU_SETSIZE) CPU_SET(core, &set);
+  }
+  // Best effort: a core taken away from the process since start-up leaves
+  // the worker where it is.
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 }  // namespace
 
-Stream::Stream(int device_index, StreamId id, int priority)
-    : device_index_(device_index), id_(id), priority_(priority) {}
+void set_worker_start_hook(WorkerStartHook hook) {
+  worker_start_hook.store(hook, std::memory_order_release);
+}
 
-StreamPool::StreamPool(int device_index)
+bool forked_with_work_in_flight() {
+  return forked_broken.load(std::memory_order_acquire);
+}
+
+void mark_forked_with_work_in_flight() {
+  forked_broken.store(true, std::memory_order_release);
+}
+
+ForkedWithWorkInFlight::ForkedWithWorkInFlight()
+    : std::runtime_error(
+          "ember: cannot use ember in a process forked while ember work was "
+          "in flight (its worker threads do not survive fork()); synchronize "
+          "before forking, or use the 'spawn' start method") {}
+
+Stream::Stream(int device_index, StreamId id, int priority,
+               std::shared_ptr<const WorkerConfig> config)
     : device_index_(device_index),
-      serial_(next_pool_serial.fetch_add(1, std::memory_order_relaxed)) {
+      id_(id),
+      priority_(priority),
+      config_(std::move(config)) {}
+
+Stream::~Stream() { shutdown(); }
+
+bool parse_launch_blocking(const char* value) {
+  if (value == nullptr || *value == '\0') return false;
+  const std::string text(value);
+  if (text == "0") return false;
+  if (text == "1") return true;
+  throw InvalidConfiguration("EMBER_LAUNCH_BLOCKING='" + text +
+                             "' is invalid: expected 0 or 1");
+}
+
+bool launch_blocking() {
+  static const bool blocking = [] {
+    try {
+      return parse_launch_blocking(std::getenv("EMBER_LAUNCH_BLOCKING"));
+    } catch (const InvalidConfiguration&) {
+      return false;  // reported by device_count() (device.cpp)
+    }
+  }();
+  return blocking;
+}
+
+void Stream::enqueue(const char* name, Work work) {
+  check_not_forked_broken();
+  if (launch_blocking()) [[unlikely]] {
+    run(work);  // EMBER_LAUNCH_BLOCKING=1: errors surface at the call
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (shut_down_) {
+    lock.unlock();
+    run(work);
+    return;
+  }
+  push(Item{name, std::move(work), false});
+}
+
+// Caller holds mutex_.
+void Stream::push(Item item) {
+  if (!any_work_queued.load(std::memory_order_relaxed)) {
+    any_work_queued.store(true, std::memory_order_release);
+  }
+  queue_.push_back(std::move(item));
+  pending_.fetch_add(1, std::memory_order_release);
+  if (worker_ == nullptr) {
+    worker_ = new std::thread([this] { worker_loop(); });
+  }
+  work_cv_.notify_one();
+}
+
+void Stream::worker_loop() {
+  if (config_ != nullptr) pin_to_cores(config_->cores);
+  try {
+    set_current_device(device_index_);
+  } catch (const std::exception&) {
+    // A stream outside the process's devices (runtime tests): the current
+    // device stays 0.
+  }
+  if (config_ != nullptr) {
+    if (WorkerStartHook hook =
+            worker_start_hook.load(std::memory_order_acquire)) {
+      hook(*config_);
+    }
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+    if (queue_.empty()) return;  // stopping, and everything ran
+    Item item = std::move(queue_.front());
+    queue_.pop_front();
+    const bool skip = !error_.empty() && !item.always_runs;
+    lock.unlock();
+    std::string error;
+    if (!skip) {
+      try {
+        item.work();
+      } catch (const std::exception& e) {
+        error = e.what();
+      } catch (...) {
+        error = "unknown exception";
+      }
+    }
+    // Released before the work counts as done: what it captured (tensors)
+    // is freed by the time a synchronize returns.
+    item.work = nullptr;
+    lock.lock();
+    if (!error.empty() && error_.empty()) {
+      error_ = "ember:" + std::to_string(device_index_) + " stream " +
+               std::to_string(id_) + ": asynchronous error in " +
+               (item.name != nullptr ? item.name : "queued work") + ": " +
+               error;
+      pending_.fetch_or(kErrorFlag, std::memory_order_release);
+    }
+    completed_.fetch_add(1, std::memory_order_relaxed);
+    pending_.fetch_sub(1, std::memory_order_release);
+    done_cv_.notify_all();
+  }
+}
+
+// Caller holds `lock` on mutex_.
+void Stream::wait_idle(std::unique_lock<std::mutex>& lock) {
+  done_cv_.wait(lock, [this] {
+    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
+  });
+}
+
+void Stream::raise_pending_error(std::unique_lock<std::mutex>& lock) {
+  (void)lock;
+  if (error_.empty()) return;
+  std::string message = std::move(error_);
+  error_.clear();
+  pending_.fetch_and(~kErrorFlag, std::memory_order_release);
+  throw AsyncError(message);
+}
+
+void Stream::wait_queue_for_run() {
+  check_not_forked_broken();
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_idle(lock);
+  raise_pending_error(lock);
+}
+
+void Stream::synchronize() {
+  check_not_forked_broken();
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_idle(lock);
+  raise_pending_error(lock);
+}
+
+void Stream::wait_for(const EventState& state) {
+  check_not_forked_broken();
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock,
+                [&] { return state.done.load(std::memory_order_acquire); });
+}
+
+void Stream::shutdown() {
+  std::thread* worker = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    shut_down_ = true;
+    stopping_ = true;
+    worker = worker_;
+    worker_ = nullptr;
+    work_cv_.notify_all();
+  }
+  if (worker != nullptr) {
+    if (worker->get_id() == std::this_thread::get_id()) {
+      worker->detach();  // shut down from its own work: cannot join itself
+    } else {
+      worker->join();
+    }
+    delete worker;
+  }
+}
+
+bool Stream::reset_in_child() {
+  // The threads that waited on these are gone with their waiter records:
+  // fresh condition variables (the old ones are abandoned, not destroyed).
+  new (&work_cv_) std::condition_variable();
+  new (&done_cv_) std::condition_variable();
+  worker_ = nullptr;  // the thread does not exist here; leaked, never joined
+  stopping_ = false;
+  return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0 ||
+         !queue_.empty();
+}
+
+StreamPool::StreamPool(int device_index,
+                       std::shared_ptr<const WorkerConfig> config)
+    : device_index_(device_index),
+      serial_(next_pool_serial.fetch_add(1, std::memory_order_relaxed)),
+      config_(std::move(config)) {
   streams_.push_back(
-      std::make_unique<Stream>(device_index_, kDefaultStreamId, 0));
+      std::make_unique<Stream>(device_index_, kDefaultStreamId, 0, config_));
   default_stream_ = streams_.front().get();
 }
 
 Stream& StreamPool::create(int priority) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto id = static_cast<StreamId>(streams_.size());
-  streams_.push_back(std::make_unique<Stream>(device_index_, id, priority));
+  streams_.push_back(
+      std::make_unique<Stream>(device_index_, id, priority, config_));
   return *streams_.back();
 }
 
@@ -70,23 +298,107 @@ void StreamPool::set_current(StreamId id) {
   }
 }
 
-void StreamPool::synchronize_all() {
-  // Snapshot so synchronizing (which may wait on work that creates streams
-  // once execution is asynchronous) does not hold the lock.
+namespace {
+std::vector<Stream*> snapshot(std::mutex& mutex,
+                              const std::deque<std::unique_ptr<Stream>>& all) {
+  std::lock_guard<std::mutex> lock(mutex);
   std::vector<Stream*> streams;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    streams.reserve(streams_.size());
-    for (const auto& stream : streams_) streams.push_back(stream.get());
+  streams.reserve(all.size());
+  for (const auto& stream : all) streams.push_back(stream.get());
+  return streams;
+}
+}  // namespace
+
+void StreamPool::synchronize_all() {
+  if (!any_work_queued.load(std::memory_order_acquire)) return;
+  // Snapshot so synchronizing (which waits on work that may create streams)
+  // does not hold the lock. Every stream is waited for before the first
+  // pending error is raised.
+  std::exception_ptr first_error;
+  for (Stream* stream : snapshot(mutex_, streams_)) {
+    try {
+      stream->synchronize();
+    } catch (const AsyncError&) {
+      if (!first_error) first_error = std::current_exception();
+    }
   }
-  for (Stream* stream : streams) stream->synchronize();
+  if (first_error) std::rethrow_exception(first_error);
 }
 
-void Event::record(const Stream& stream) {
-  recorded_ = true;
+void StreamPool::shutdown_all() {
+  for (Stream* stream : snapshot(mutex_, streams_)) stream->shutdown();
+}
+
+void StreamPool::lock_for_fork() {
+  mutex_.lock();
+  for (auto& stream : streams_) stream->lock_for_fork();
+}
+
+void StreamPool::unlock_after_fork() {
+  for (auto it = streams_.rbegin(); it != streams_.rend(); ++it) {
+    (*it)->unlock_after_fork();
+  }
+  mutex_.unlock();
+}
+
+bool StreamPool::reset_in_child() {
+  bool in_flight = false;
+  for (auto& stream : streams_) in_flight |= stream->reset_in_child();
+  return in_flight;
+}
+
+void StreamPool::refuse_after_fork() {
+  for (auto& stream : streams_) stream->refuse_after_fork();
+}
+
+void Event::record(Stream& stream) {
+  auto state = std::make_shared<EventState>();
   device_index_ = stream.device_index();
-  position_ = stream.completed();
-  if (enable_timing_) time_ = Clock::now();
+  stream_ = &stream;
+  {
+    std::lock_guard<std::mutex> lock(stream.mutex_);
+    if ((stream.pending_.load(std::memory_order_acquire) &
+         ~Stream::kErrorFlag) == 0 ||
+        stream.worker_ == nullptr) {
+      state->time = Clock::now();
+      state->done.store(true, std::memory_order_release);
+    } else {
+      stream.push(Stream::Item{"event record",
+                               [state] {
+                                 state->time = Clock::now();
+                                 state->done.store(true,
+                                                   std::memory_order_release);
+                               },
+                               true});
+    }
+  }
+  state_ = std::move(state);
+  (void)enable_timing_;
+}
+
+bool Event::query() const {
+  return state_ == nullptr || state_->done.load(std::memory_order_acquire);
+}
+
+void Event::synchronize() const {
+  if (state_ == nullptr) return;
+  if (!state_->done.load(std::memory_order_acquire)) stream_->wait_for(*state_);
+  std::unique_lock<std::mutex> lock(stream_->mutex_);
+  stream_->raise_pending_error(lock);
+}
+
+void Event::block(Stream& stream) const {
+  if (state_ == nullptr || state_->done.load(std::memory_order_acquire) ||
+      stream_ == &stream) {
+    return;  // nothing to wait for, or already ordered by the stream
+  }
+  check_not_forked_broken();
+  Stream* source = stream_;
+  std::shared_ptr<EventState> state = state_;
+  std::lock_guard<std::mutex> lock(stream.mutex_);
+  if (stream.shut_down_) return;  // exiting: work runs inline, in order
+  stream.push(Stream::Item{
+      "wait_event", [source, state] { source->wait_for(*state); }, true});
 }
 
 double Event::elapsed_ms(const Event& end) const {
@@ -95,7 +407,7 @@ double Event::elapsed_ms(const Event& end) const {
         "Both events must be created with enable_timing=True to measure "
         "elapsed time");
   }
-  if (!recorded_ || !end.recorded_) {
+  if (!recorded() || !end.recorded()) {
     throw std::logic_error(
         "Both events must be recorded before calculating elapsed time");
   }
@@ -104,7 +416,14 @@ double Event::elapsed_ms(const Event& end) const {
                            std::to_string(device_index_) + " and ember:" +
                            std::to_string(end.device_index_) + ")");
   }
-  return std::chrono::duration<double, std::milli>(end.time_ - time_).count();
+  if (!query() || !end.query()) {
+    throw std::logic_error(
+        "Both events must be completed before calculating elapsed time "
+        "(synchronize the end event first)");
+  }
+  return std::chrono::duration<double, std::milli>(end.state_->time -
+                                                   state_->time)
+      .count();
 }
 
 }  // namespace ember::runtime

@@ -107,6 +107,63 @@ TEST(Fork, DeviceCreatedInTheChildWorks) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
+TEST(Fork, ChildOfAnIdleEngineGetsFreshWorkers) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "TSan cannot start threads in a child of a threaded process";
+#endif
+  // The parent's stream has had a worker; it is gone in the child, which
+  // starts its own on the next queued work.
+  Stream& stream = device(0).streams().create();
+  std::atomic<int> value{0};
+  stream.enqueue("parent work", [&value] { value = 1; });
+  stream.synchronize();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    stream.enqueue("child work", [&value] { value = 2; });
+    stream.synchronize();
+    Event event;
+    event.record(stream);
+    event.synchronize();
+    _exit(value == 2 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_TRUE(exited_within(pid, std::chrono::seconds(20), &status));
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(Fork, ChildForkedWithWorkInFlightRaisesInsteadOfHanging) {
+  Stream& stream = device(0).streams().create();
+  std::atomic<bool> release{false};
+  stream.enqueue("aten::slow", [&release] {
+    while (!release.load())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int raised = 0;
+    for (auto use :
+         {+[](Stream& s) { s.synchronize(); }, +[](Stream& s) { s.run([] {}); },
+          +[](Stream& s) { s.enqueue("x", [] {}); },
+          +[](Stream&) { device(0).streams().default_stream().run([] {}); }}) {
+      try {
+        use(stream);
+      } catch (const ForkedWithWorkInFlight& error) {
+        raised += std::string(error.what()).find("spawn") != std::string::npos;
+      }
+    }
+    _exit(raised == 4 && forked_with_work_in_flight() ? 0 : 1);
+  }
+  int status = 0;
+  const bool exited = exited_within(pid, std::chrono::seconds(20), &status);
+  release = true;
+  stream.synchronize();
+  ASSERT_TRUE(exited) << "the child hung";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_FALSE(forked_with_work_in_flight());  // the parent is untouched
+}
+
 }  // namespace
 }  // namespace ember::runtime
 

@@ -135,6 +135,9 @@ class EmberDeviceProperties:
         self.name: str = raw["name"]
         self.index: int = raw["index"]
         self.cores: int = raw["cores"]
+        # The CPU ids this device's workers run on (EMBER_DEVICES /
+        # EMBER_DEVICE_CORES partition the process's cores).
+        self.core_ids: list[int] = list(raw["core_ids"])
         self.multi_processor_count: int = raw["cores"]  # CUDA's name for it
         self.numa_node: int = raw["numa_node"]
         self.total_memory: int = raw["total_memory"]

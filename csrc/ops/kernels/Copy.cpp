@@ -17,13 +17,21 @@ at::Tensor host_view(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
-                     bool /*non_blocking*/) {
+                     bool non_blocking) {
+  // From pinned host memory: queued on the stream (DeviceScope.h). Any
+  // other non_blocking copy has completed on return, which satisfies its
+  // contract.
+  if (non_blocking && enqueue_pinned_upload(self, dst)) return dst;
   const c10::DeviceIndex device =
       dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  // Reading ember memory from the host or another device: a
+  // synchronisation point for the work queued on the source device.
+  if (self.is_privateuseone() &&
+      (!dst.is_privateuseone() || self.device() != dst.device())) {
+    synchronize_for_host_read(self.device().index());
+  }
   at::Tensor src_host = host_view(self);
   at::Tensor dst_host = host_view(dst);
-  // Synchronous execution: a non_blocking copy has completed on return,
-  // which satisfies its contract.
   run_on_device(device, [&] { dst_host.copy_(src_host); });
   return dst;
 }

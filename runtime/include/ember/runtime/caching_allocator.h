@@ -69,6 +69,7 @@ class OutOfMemory final : public std::runtime_error {
 };
 
 struct Block;  // opaque: a span of a segment
+class Stream;
 
 // One segment and its blocks in address order, as snapshot() reports them
 // (the shape of torch.cuda.memory_snapshot()'s segments).
@@ -101,8 +102,15 @@ class CachingAllocator final {
 
   // nbytes == 0 returns an empty Allocation. Throws OutOfMemory.
   Allocation allocate(std::size_t nbytes);
-  // Takes back a block from allocate(); nullptr is ignored.
+  // Takes back a block from allocate(); nullptr is ignored. A block used by
+  // other streams (record_stream) is reused only once each of them has
+  // passed the point where it was freed (an event recorded there); until
+  // then it stays allocated in the statistics.
   void free(Block* block);
+  // Marks `block` as used by `stream` (Tensor.record_stream).
+  void record_stream(Block* block, Stream& stream);
+  // Freed blocks still waiting for their streams (tests).
+  std::size_t deferred_frees() const;
 
   // Returns every cached block whose segment is entirely free to the OS.
   void empty_cache();
@@ -127,6 +135,11 @@ class CachingAllocator final {
 
   int device_index() const { return device_index_; }
 
+  // Segments mapped from now on prefer NUMA node `node` (topology()'s
+  // bind_memory); -1 (the default) leaves placement to first touch.
+  void bind_to_numa_node(int node);
+  int numa_node() const;
+
   // fork() support, called only by the runtime's pthread_atfork handlers
   // (device.cpp): the forking thread holds the lock across fork(), so the
   // child never inherits it held by a thread that does not exist there.
@@ -136,6 +149,8 @@ class CachingAllocator final {
  private:
   struct State;
   std::size_t memory_limit_locked() const;  // caller holds mutex_
+  void free_locked(Block* block);
+  void process_deferred_locked();
   const int device_index_;
   const std::size_t capacity_;
   mutable std::mutex mutex_;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace ember::runtime {
 
@@ -35,6 +36,8 @@ struct CpuFeatures {
 // Detected once, on first use.
 const CpuFeatures& cpu_features();
 
+// The cores (CPU ids) this process may run on: its affinity mask, read now.
+std::vector<int> allowed_cpus();
 // Cores this process may run on (its affinity mask).
 int available_cores();
 // NUMA node of the first core this process may run on (0 without NUMA).

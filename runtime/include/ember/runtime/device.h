@@ -33,8 +33,9 @@ inline constexpr int kMaxDevices = 64;
 struct DeviceProperties {
   std::string name;  // "ember (<cpu model>)"
   int index = 0;
-  int cores = 0;      // cores this device's workers may use
-  int numa_node = 0;  // NUMA node its memory comes from
+  int cores = 0;              // cores this device's workers may use
+  std::vector<int> core_ids;  // their CPU ids, ascending
+  int numa_node = 0;          // NUMA node its memory comes from
   std::size_t total_memory = 0;
   std::string isa;  // best vector ISA, e.g. "avx512"
 };
@@ -60,12 +61,34 @@ class Device final {
   StreamPool streams_;
 };
 
-// Parses EMBER_DEVICES once (default 1). Throws InvalidConfiguration for
-// an invalid value, or while a configuration error is reported (below).
+// Parses EMBER_DEVICES and EMBER_DEVICE_CORES once (default: 1 device).
+// Throws InvalidConfiguration for an invalid value, or while a configuration
+// error is reported (below).
 int device_count();
+// Validates EMBER_DEVICES and EMBER_DEVICE_CORES as device_count() would
+// (ignoring a reported error); throws InvalidConfiguration.
+void check_device_configuration();
 // Parses a value of EMBER_DEVICES; exposed for tests. Throws
 // InvalidConfiguration naming the value and the allowed range.
 int parse_device_count(const char* value);
+
+// Devices own cores. EMBER_DEVICES=N splits the process's allowed cores
+// (its affinity mask) into N disjoint contiguous sets, the first ones one
+// core larger when N does not divide them; with more devices than cores,
+// device i gets core i mod count (devices then share cores).
+// EMBER_DEVICE_CORES sets them explicitly: one entry per device, separated
+// by ',', each a core or a range "a-b", several joined by '+'
+// ("0-7,8-15", "0+2,1+3"); it also gives the device count (EMBER_DEVICES,
+// when set too, must agree). Exposed for tests; throw InvalidConfiguration.
+std::vector<std::vector<int>> partition_cores(const std::vector<int>& allowed,
+                                              int devices);
+std::vector<std::vector<int>> parse_device_cores(
+    const std::string& value, const std::vector<int>& allowed);
+// The cores of device `index` (throws InvalidDevice).
+const std::vector<int>& device_cores(int index);
+// True when some device owns fewer than all of the process's cores: work
+// on a device then runs with that device's thread count.
+bool cores_partitioned();
 
 // Makes every later device_count() -- so every use of a device -- throw
 // InvalidConfiguration(message): how a layer above reports an invalid
@@ -87,6 +110,11 @@ void check_device_index(int index);
 // above whose own locks are taken before runtime locks calls this first and
 // then registers its handlers: their prepare step then runs before this one.
 void install_fork_handlers();
+
+// Drains every stream of every created device and stops their workers
+// (registered with atexit when the first device is created). Work
+// submitted afterwards runs inline.
+void shutdown_engine();
 
 // The current device is per thread, as in CUDA.
 int current_device();

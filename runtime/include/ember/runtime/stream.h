@@ -1,29 +1,81 @@
-// Streams and events of an ember device. A stream is an ordered queue of
-// work executed by the device's execution engine; an event marks a point in
-// a stream. Plain C++, no torch headers.
+// Streams and events of an ember device: the execution engine. A stream is
+// an ordered queue of work; an event marks a point in a stream. Plain C++,
+// no torch headers.
 //
-// Execution is synchronous today: Stream::run executes the work inline, so
-// every recorded event is complete when record() returns. Op registrations
-// only ever call Stream::run, so an asynchronous engine replaces the inside
-// of this class without touching them.
+// Two ways to submit work to a stream:
+//  - run(work): synchronous. The work runs on the calling thread, after
+//    everything queued on the stream before it (run waits for the queue to
+//    drain first), and its exceptions reach the caller directly. Op
+//    registrations call this (through the glue's run_on_device).
+//  - enqueue(name, work): asynchronous. The work is queued and executed, in
+//    order, by the stream's worker thread (started on first use, pinned to
+//    the device's cores). An exception it throws is kept and raised, as an
+//    AsyncError naming the work, at the stream's next synchronisation point
+//    (synchronize, run, an event synchronize), the way CUDA reports
+//    asynchronous kernel errors; queued work behind a failed one is skipped
+//    until the error has been reported.
+// Streams of one device run their queued work concurrently; Event::block
+// orders them (wait_event / wait_stream).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 namespace ember::runtime {
 
 using StreamId = int64_t;
 inline constexpr StreamId kDefaultStreamId = 0;
 
+// An exception thrown by queued work, raised at the next synchronisation
+// point of its stream. The message names the work (the op), its device and
+// stream, and the original error.
+class AsyncError final : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Raised by every stream operation in a child forked while queued work was
+// in flight in the parent (the work and the threads running it did not
+// survive fork()), as CUDA's "Cannot re-initialize CUDA in forked
+// subprocess".
+class ForkedWithWorkInFlight final : public std::runtime_error {
+ public:
+  ForkedWithWorkInFlight();
+};
+
+// What the worker threads of a device know about it: its cores (empty: no
+// pinning) and a hook the layer above runs on each new worker (the glue
+// sets the worker's intra-op thread count there).
+struct WorkerConfig {
+  int device_index = 0;
+  std::vector<int> cores;
+};
+using WorkerStartHook = void (*)(const WorkerConfig&);
+// Installed once by the layer above, before the first worker starts.
+void set_worker_start_hook(WorkerStartHook hook);
+
+struct EventState;
+
 class Stream final {
  public:
-  Stream(int device_index, StreamId id, int priority);
+  using Work = std::function<void()>;
+
+  Stream(int device_index, StreamId id, int priority,
+         std::shared_ptr<const WorkerConfig> config = nullptr);
+  // Runs what is still queued, then stops the worker.
+  ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -31,32 +83,90 @@ class Stream final {
   StreamId id() const { return id_; }
   int priority() const { return priority_; }
 
-  // Executes one unit of work in stream order.
-  template <class Work>
-  void run(Work&& work) {
-    std::forward<Work>(work)();
-    completed_.fetch_add(1, std::memory_order_relaxed);
+  // Executes one unit of work in stream order on the calling thread. The
+  // fast path (nothing queued) is one atomic load.
+  template <class W>
+  void run(W&& work) {
+    if (pending_.load(std::memory_order_acquire) != 0) [[unlikely]] {
+      wait_queue_for_run();
+    }
+    struct Count {
+      std::atomic<uint64_t>& completed;
+      ~Count() { completed.fetch_add(1, std::memory_order_relaxed); }
+    } count{completed_};
+    std::forward<W>(work)();
   }
 
-  // Counter of work units completed; events record a position in it.
+  // Queues `work`; `name` (a string literal or otherwise static) names it in
+  // an AsyncError. Runs inline once the engine is shut down.
+  void enqueue(const char* name, Work work);
+
+  // Units of work completed (run or queued).
   uint64_t completed() const {
     return completed_.load(std::memory_order_relaxed);
   }
-  bool query() const { return true; }  // all submitted work is done
-  void synchronize() {}
+  // True when no queued work is left (raises nothing).
+  bool query() const {
+    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
+  }
+  // Waits for the queued work, then raises a pending AsyncError.
+  void synchronize();
+
+  // Stops the worker after it has run everything queued (idempotent); later
+  // work runs inline. Called at exit for every device.
+  void shutdown();
+
+  // fork() support (device.cpp's handlers): the queue lock is held across
+  // fork(); the child gets fresh locks and no worker, and is marked broken
+  // if queued work was in flight.
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+  // Returns true if work was in flight.
+  bool reset_in_child();
+  // Sends every later run() down the slow path, which raises
+  // ForkedWithWorkInFlight.
+  void refuse_after_fork() { pending_.store(1, std::memory_order_release); }
 
  private:
+  friend class Event;
+  struct Item {
+    const char* name;
+    Work work;
+    bool always_runs;  // markers run even after an error
+  };
+  void push(Item item);
+  void worker_loop();
+  void wait_queue_for_run();
+  void wait_idle(std::unique_lock<std::mutex>& lock);
+  void raise_pending_error(std::unique_lock<std::mutex>& lock);
+  // Blocks until `state` is complete (its marker ran on this stream).
+  void wait_for(const EventState& state);
+
   const int device_index_;
   const StreamId id_;
   const int priority_;
+  const std::shared_ptr<const WorkerConfig> config_;
   std::atomic<uint64_t> completed_{0};
+  // Queued work not finished, plus kErrorFlag while an error waits to be
+  // reported: run()'s fast path is a single load of this.
+  static constexpr int64_t kErrorFlag = int64_t{1} << 62;
+  std::atomic<int64_t> pending_{0};
+  std::mutex mutex_;
+  std::condition_variable work_cv_;  // worker: new work or stop
+  std::condition_variable done_cv_;  // waiters: work finished
+  std::deque<Item> queue_;
+  std::thread* worker_ = nullptr;  // leaked in a forked child
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::string error_;  // first error, not yet reported
 };
 
 // The streams of one device. Stream 0 is the default stream; new streams
 // get increasing ids. The current stream is per thread and per device.
 class StreamPool final {
  public:
-  explicit StreamPool(int device_index);
+  explicit StreamPool(int device_index,
+                      std::shared_ptr<const WorkerConfig> config = nullptr);
   StreamPool(const StreamPool&) = delete;
   StreamPool& operator=(const StreamPool&) = delete;
 
@@ -67,45 +177,70 @@ class StreamPool final {
   Stream& current();
   void set_current(StreamId id);
   void synchronize_all();
+  void shutdown_all();
 
-  // fork() support, as CachingAllocator::lock_for_fork.
-  void lock_for_fork() { mutex_.lock(); }
-  void unlock_after_fork() { mutex_.unlock(); }
+  // fork() support, as CachingAllocator::lock_for_fork; also takes (and
+  // releases) every stream's queue lock.
+  void lock_for_fork();
+  void unlock_after_fork();
+  // In the child, after unlock: fresh workers, or broken if work was in
+  // flight. Returns true if work was in flight.
+  bool reset_in_child();
+  void refuse_after_fork();
 
  private:
   const int device_index_;
   // Process-unique, never reused: keys this pool's per-thread current
   // stream, so a pool created later at the same address starts fresh.
   const uint64_t serial_;
+  const std::shared_ptr<const WorkerConfig> config_;
   mutable std::mutex mutex_;
   std::deque<std::unique_ptr<Stream>> streams_;  // index == id
   Stream* default_stream_;  // streams_[0], readable without the lock
 };
 
+// A point in a stream: complete once the work queued on the stream before
+// record() has finished; with timing, the time it finished (taken by the
+// worker when it reaches the event, or at record() when nothing was
+// queued).
 class Event final {
  public:
   using Clock = std::chrono::steady_clock;
   explicit Event(bool enable_timing = false) : enable_timing_(enable_timing) {}
 
-  void record(const Stream& stream);
-  bool recorded() const { return recorded_; }
-  bool query() const { return true; }  // synchronous engine: always done
-  void synchronize() const {}
-  // Makes `stream` wait for this event (a no-op while execution is
-  // synchronous, kept so callers express the dependency).
-  void block(Stream& stream) const { (void)stream; }
+  void record(Stream& stream);
+  bool recorded() const { return state_ != nullptr; }
+  bool query() const;
+  // Waits for completion; raises the recording stream's pending AsyncError.
+  void synchronize() const;
+  // Makes work submitted to `stream` after this call wait for this event
+  // (cross-stream ordering: wait_event / wait_stream). The host does not
+  // wait.
+  void block(Stream& stream) const;
   // Milliseconds from this event to `end`. Throws std::logic_error if either
-  // event was not recorded or was created without timing.
+  // event was not recorded, was created without timing, or is not complete.
   double elapsed_ms(const Event& end) const;
   int device_index() const { return device_index_; }
   bool timing_enabled() const { return enable_timing_; }
 
  private:
   bool enable_timing_;
-  bool recorded_ = false;
   int device_index_ = -1;
-  uint64_t position_ = 0;
-  Clock::time_point time_{};
+  Stream* stream_ = nullptr;
+  std::shared_ptr<EventState> state_;
 };
+
+// True in a child forked while queued work was in flight (every stream
+// operation then raises ForkedWithWorkInFlight).
+bool forked_with_work_in_flight();
+// Called by the child's fork handler (device.cpp) when work was in flight.
+void mark_forked_with_work_in_flight();
+
+// EMBER_LAUNCH_BLOCKING=1 (read once): enqueue() runs the work inline, so
+// an error is raised by the call that submitted it (debugging, as
+// CUDA_LAUNCH_BLOCKING). parse_launch_blocking throws InvalidConfiguration
+// (device.h) for a value other than unset, empty, 0 or 1.
+bool launch_blocking();
+bool parse_launch_blocking(const char* value);
 
 }  // namespace ember::runtime

@@ -1,0 +1,107 @@
+// torch_ember._C bindings of the execution engine's introspection and test
+// hooks: what a device's workers and inline ops run with, and queued work
+// that sleeps or fails (how the tests show asynchronous semantics without
+// depending on kernel timings).
+#include <omp.h>
+#include <pthread.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <sched.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/RuntimeErrors.h"
+#include "ember/runtime/device.h"
+#include "ember/runtime/stream.h"
+#include "ops/DeviceScope.h"
+
+namespace py = pybind11;
+
+namespace ember {
+namespace {
+
+namespace rt = ember::runtime;
+
+rt::Stream& stream_of(int device, int64_t stream_id) {
+  return translate_runtime_errors([&]() -> rt::Stream& {
+    try {
+      return rt::device(device).streams().get(stream_id);
+    } catch (const std::out_of_range&) {
+      TORCH_CHECK(false, "unknown ember stream id ", stream_id,
+                  " on ember:", device);
+    }
+  });
+}
+
+std::vector<int> thread_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  pthread_getaffinity_np(pthread_self(), sizeof(set), &set);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  return cpus;
+}
+
+}  // namespace
+
+void bind_engine(py::module& m) {
+  m.def(
+      "_engine_enqueue_sleep",
+      [](int device, int64_t stream_id, double seconds) {
+        stream_of(device, stream_id).enqueue("ember_test_sleep", [seconds] {
+          std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        });
+      },
+      "Queues work that sleeps `seconds` on a stream (tests, benchmarks).");
+  m.def(
+      "_engine_enqueue_failure",
+      [](int device, int64_t stream_id, std::string name, std::string message) {
+        // The name must outlive the work: kept by the process.
+        const char* kept = (new std::string(std::move(name)))->c_str();
+        stream_of(device, stream_id).enqueue(kept, [message] {
+          throw std::runtime_error(message);
+        });
+      },
+      "Queues work that throws (tests of asynchronous error reporting).");
+  m.def(
+      "_engine_worker_threads",
+      [](int device, int64_t stream_id) {
+        rt::Stream& stream = stream_of(device, stream_id);
+        auto result = std::make_shared<std::pair<int, std::vector<int>>>();
+        stream.enqueue("ember_worker_threads", [result] {
+          result->first = omp_get_max_threads();
+          result->second = thread_cpus();
+        });
+        {
+          py::gil_scoped_release no_gil;
+          translate_runtime_errors([&] { stream.synchronize(); });
+        }
+        return *result;
+      },
+      "(OpenMP thread count, CPU ids) of a stream's worker thread.");
+  m.def(
+      "_engine_inline_threads",
+      [](int device) {
+        int threads = 0;
+        translate_runtime_errors([&] {
+          run_on_device(static_cast<c10::DeviceIndex>(device),
+                        [&] { threads = omp_get_max_threads(); });
+        });
+        return threads;
+      },
+      "OpenMP thread count an op runs with on this thread.");
+  m.def("_engine_cores_partitioned", [] {
+    return translate_runtime_errors([] { return rt::cores_partitioned(); });
+  });
+  m.def("_engine_forked_with_work_in_flight",
+        [] { return rt::forked_with_work_in_flight(); });
+}
+
+}  // namespace ember
