@@ -367,3 +367,46 @@ def test_ember_gemm_op_matches_addmm_on_every_device():
         if device != "meta":
             _assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
     _assert_close(torch.ops.ember.gemm(None, a, b), a @ b, rtol=1e-5, atol=1e-6)
+
+
+class _GeluNew(torch.nn.Module):
+    """transformers' gelu_new, spelled out as GPT-2 spells it."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize(
+    "act",
+    [torch.nn.ReLU(), torch.nn.GELU(), torch.nn.GELU("tanh"), _GeluNew()],
+    ids=["relu", "gelu", "gelu-tanh", "gelu-new"],
+)
+def test_activation_after_frozen_gemm_runs_as_onednn_post_op(act, capfd):
+    """Linear -> activation (as decomposed) is one oneDNN call with the activation fused."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), act, torch.nn.Linear(256, 32))
+    model = model.eval().to(DEVICE)
+    x = _randn(2, 40, 64)
+    with torch.inference_mode(), inductor_config.patch(freezing=True, fx_graph_cache=False):
+        compiled = torch.compile(model)
+        compiled(x)
+        with torch.backends.ember.verbose(1):
+            out = compiled(x)
+        _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["gemm_epilogue"] == 1
+    log = capfd.readouterr().err
+    assert log.count("onednn/packed+epilogue") == 1, log
+
+
+def test_unknown_activation_after_frozen_gemm_stays_a_kernel():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.SiLU()).eval().to(DEVICE)
+    x = _randn(40, 64)
+    out, _ = _frozen_inference(model, x)
+    _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["packed_gemm"] == 1
+    assert ember_backend_module.counters["gemm_epilogue"] == 0
+
+
+def test_ember_gemm_rejects_an_unknown_activation():
+    a = _randn(20, 8)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        torch.ops.ember.gemm(None, a, _randn(8, 4), "swish")
