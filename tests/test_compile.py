@@ -311,3 +311,102 @@ def test_named_backend_trains_like_default():
     for a, b in zip(eager.parameters(), model.parameters()):
         _assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5)
     assert ember_backend_module.counters["freezing"] == 0
+
+
+# --------------------------------------------------------------------------- default Inductor: ember's passes
+
+
+def _frozen_inference(model, x, **compile_kwargs):
+    with torch.inference_mode(), inductor_config.patch(freezing=True, fx_graph_cache=False):
+        compiled = torch.compile(model, **compile_kwargs)
+        compiled(x)
+        with torch.profiler.profile() as prof:
+            out = compiled(x)
+    return out, {e.key: e.count for e in prof.key_averages()}
+
+
+def test_default_inductor_runs_ember_passes_on_frozen_graphs():
+    """Default torch.compile on ember gets backend="ember"'s passes through the device's
+    post-grad hook: a one-row MLP becomes generated C++ (no GEMM call at all)."""
+    model, x = _mlp().eval(), _randn(1, 32)
+    out, ops = _frozen_inference(model, x)
+    _assert_close(out, model(x))
+    assert ember_backend_module.counters["linear_activation"] == 2
+    assert not any(k in ops for k in ("aten::addmm", "aten::mm", "ember::gemm")), ops
+
+
+@pytest.mark.parametrize("backend", ["inductor", "ember"])
+def test_frozen_gemms_return_their_result_without_a_copy(backend):
+    """Many-row frozen linears are ember::gemm calls: oneDNN's packed matmul result is used
+    as returned (Inductor's addmm(out=) paid a copy per GEMM)."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 48)).eval()
+    model = model.to(DEVICE)
+    x = _randn(40, 64)
+    out, ops = _frozen_inference(model, x, backend=backend)
+    _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["packed_gemm"] == 2
+    assert ops.get("ember::gemm") == 2, ops
+    assert "aten::copy_" not in ops, ops
+
+
+def test_default_inductor_skips_ember_passes_under_cpu_parity():
+    model, x = _mlp().eval(), _randn(1, 32)
+    with torch.backends.ember.flags(cpu_parity=True):
+        out, ops = _frozen_inference(model, x)
+    _assert_close(out, model(x))
+    assert sum(ember_backend_module.counters.values()) == 0
+    assert "aten::addmm" in ops, ops
+
+
+def test_ember_gemm_op_matches_addmm_on_every_device():
+    a, b, bias = _randn(5, 7, device="cpu"), _randn(7, 3, device="cpu"), _randn(3, device="cpu")
+    expected = torch.addmm(bias, a, b)
+    for device in ("cpu", DEVICE, "meta"):
+        got = torch.ops.ember.gemm(bias.to(device), a.to(device), b.to(device))
+        assert got.shape == expected.shape and got.device.type == device
+        if device != "meta":
+            _assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+    _assert_close(torch.ops.ember.gemm(None, a, b), a @ b, rtol=1e-5, atol=1e-6)
+
+
+class _GeluNew(torch.nn.Module):
+    """transformers' gelu_new, spelled out as GPT-2 spells it."""
+
+    def forward(self, x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize(
+    "act",
+    [torch.nn.ReLU(), torch.nn.GELU(), torch.nn.GELU("tanh"), _GeluNew()],
+    ids=["relu", "gelu", "gelu-tanh", "gelu-new"],
+)
+def test_activation_after_frozen_gemm_runs_as_onednn_post_op(act, capfd):
+    """Linear -> activation (as decomposed) is one oneDNN call with the activation fused."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), act, torch.nn.Linear(256, 32))
+    model = model.eval().to(DEVICE)
+    x = _randn(2, 40, 64)
+    with torch.inference_mode(), inductor_config.patch(freezing=True, fx_graph_cache=False):
+        compiled = torch.compile(model)
+        compiled(x)
+        with torch.backends.ember.verbose(1):
+            out = compiled(x)
+        _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["gemm_epilogue"] == 1
+    log = capfd.readouterr().err
+    assert log.count("onednn/packed+epilogue") == 1, log
+
+
+def test_unknown_activation_after_frozen_gemm_stays_a_kernel():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.SiLU()).eval().to(DEVICE)
+    x = _randn(40, 64)
+    out, _ = _frozen_inference(model, x)
+    _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert ember_backend_module.counters["packed_gemm"] == 1
+    assert ember_backend_module.counters["gemm_epilogue"] == 0
+
+
+def test_ember_gemm_rejects_an_unknown_activation():
+    a = _randn(20, 8)
+    with pytest.raises(ValueError, match="unknown activation 'swish'"):
+        torch.ops.ember.gemm(None, a, _randn(8, 4), "swish")

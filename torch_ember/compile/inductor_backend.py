@@ -140,20 +140,36 @@ class EmberDeviceOpOverrides(DeviceOpOverrides):
 
 
 class EmberGraphPass(CustomGraphModulePass):
-    """Inductor's per-device post-grad hook for ember graphs.
+    """Inductor's per-device post-grad hook for ember graphs: ember's passes.
 
-    It changes nothing in the graph; its ``uuid()`` -- a hash of this package's
-    code generation sources -- enters Inductor's FX graph cache key, so a
-    cached ember graph is not reused after ember's code generation changed.
+    It gives the default Inductor backend what ``backend="ember"`` runs in
+    its own post-grad slot (``torch_ember/compile/passes/``, default options;
+    skipped where that backend already ran them, and under ``cpu_parity``).
+    The passes change only frozen GEMMs, so only inference graphs compiled
+    with ``freezing``. Its ``uuid()`` -- a hash of this package's code
+    generation and pass sources -- enters Inductor's FX graph cache key, so a
+    cached ember graph is not reused after any of them changed.
     """
 
     def __call__(self, gm):
+        import torch
+
+        from torch_ember.compile import passes
+
+        if not gm.meta.get(passes.DONE_META) and not torch.backends.ember.cpu_parity:
+            passes.run(gm, passes.Options())
         return gm
 
     def uuid(self):
         here = Path(__file__).resolve().parent
-        return get_hash_for_files(
-            tuple(str(here / name) for name in ("inductor_backend.py", "cpu_parity.py"))
+        files = [here / "inductor_backend.py", here / "cpu_parity.py"]
+        files += sorted((here / "passes").glob("*.py"))
+        import torch
+
+        # the passes are skipped under cpu_parity: a graph cached without them must not be reused
+        return (
+            get_hash_for_files(tuple(str(f) for f in files)),
+            bool(torch.backends.ember.cpu_parity),
         )
 
 

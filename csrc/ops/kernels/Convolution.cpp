@@ -203,11 +203,11 @@ at::Tensor convolution_pointwise(const at::Tensor& input,
 // oneDNN on the weight's pack, or nullopt when the weight has no pack yet
 // (it is packed when it comes back unchanged). The output's memory format is
 // CPU's: NCHW for an NCHW input, channels-last for a channels-last one.
-// A spatial kernel (3x3, 7x7, ...) on an NCHW input runs channels-last and
-// its output is laid back out as NCHW: oneDNN's NCHW route re-lays the
-// input and the weight on every call, measured up to 2.5x slower than the
-// channels-last route plus the copy (ResNet-50's 3x3 and 7x7 layers). A 1x1
-// kernel runs on NCHW directly (a GEMM over the pixels, no re-layout).
+// Every kernel size on an NCHW input runs channels-last, its input and output
+// re-laid by ember's transposes: oneDNN's NCHW route re-lays the input, the
+// weight and the output on every call (its blocked-to-NCHW output reorder
+// alone is 0.85 ms for ResNet-50's 256x56x56), measured 1.2-7x slower than
+// the channels-last route on ResNet-50's 1x1, 3x3 and 7x7 layers.
 std::optional<at::Tensor> packed_conv(const at::Tensor& input,
                                       const at::Tensor& weight,
                                       const std::optional<at::Tensor>& bias,
@@ -217,12 +217,10 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   const bool channels_last =
       input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
       weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
-  const bool spatial = weight.size(2) * weight.size(3) > 1;
-  const bool run_channels_last = channels_last || spatial;
   const std::vector<int64_t> input_size = input.sizes().vec();
   const auto packed = matmul::packed_onednn_weight(
       weight, matmul::PackKind::kOneDnnConv,
-      geometry(input, weight, p, run_channels_last),
+      geometry(input, weight, p, channels_last),
       [&](const at::Tensor& cpu_weight) {
         return at::mkldnn_reorder_conv2d_weight(
             at::_ops::to_mkldnn::call(cpu_weight.contiguous(), std::nullopt),
@@ -232,12 +230,7 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::convolution",
       [&](const at::Tensor& x, const std::optional<at::Tensor>& b) {
-        // mkldnn_convolution keeps an NCHW input NCHW when the weight is a
-        // oneDNN tensor; the pointwise op is oneDNN's channels-last route.
-        if (!run_channels_last) {
-          return at::mkldnn_convolution(x, packed->onednn, b, p.padding,
-                                        p.stride, p.dilation, p.groups);
-        }
+        // The pointwise op is oneDNN's channels-last route.
         at::Tensor x_in = x;
         if (!channels_last && x.is_contiguous()) {
           // oneDNN's own re-layout of an NCHW input is ATen's strided copy.

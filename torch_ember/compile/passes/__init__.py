@@ -10,11 +10,12 @@ Dynamo's graph, in the backend, so that Inductor freezes at all.
 | pass | what |
 |---|---|
 | ``linear_activation`` | a small one-row linear + activation as one generated C++ kernel; optionally (``template=True``) the activation as a C++ GEMM template's epilogue (many rows) |
+| ``packed_gemm`` | every other frozen GEMM as ``torch.ops.ember.gemm``: the runtime's packed-weight route (``csrc/ops/kernels/matmul/FastGemm.cpp``: the weight packed once, the skinny kernel or oneDNN's packed matmul) with its result used as returned, not copied into an ``out=`` buffer |
 
-Every other frozen GEMM stays an ATen call on ember, where the runtime's
-packed-weight route runs it (``csrc/ops/kernels/matmul/FastGemm.cpp``: the
-weight is packed once, the skinny kernel or oneDNN's packed matmul runs):
-that route replaced the former ``prepack_weights`` pass.
+The passes run for ``backend="ember"`` and, through the device's post-grad
+hook (``inductor_backend.EmberGraphPass``), for the default Inductor backend
+on ember graphs too; they change only frozen GEMMs, so only inference graphs
+compiled with ``torch._inductor.config.freezing``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch
 
 from torch_ember.compile.passes._gemm import TEMPLATE_META as TEMPLATE_META
 from torch_ember.compile.passes.linear_activation import linear_activation
+from torch_ember.compile.passes.packed_gemm import packed_gemm
 
 counters: Counter[str] = Counter()
 """Nodes changed by each pass, summed over every graph compiled since the last reset."""
@@ -43,10 +45,14 @@ class Options:
 
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
     "linear_activation": linear_activation,
+    "packed_gemm": packed_gemm,
 }
+
+DONE_META = "ember_passes_done"  # on a GraphModule's meta: the passes already ran on it
 
 
 def run(gm: torch.fx.GraphModule, options: Options) -> dict[str, int]:
+    gm.meta[DONE_META] = True
     counts = {}
     for name, fn in PASSES.items():
         counts[name] = fn(gm, options)

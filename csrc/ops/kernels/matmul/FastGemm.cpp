@@ -29,8 +29,25 @@ std::optional<at::Tensor> row_bias(const at::Tensor& self, int64_t n,
   return self.dim() == 1 ? self : self.view({n});
 }
 
+// oneDNN's post-op for an epilogue: (attr, algorithm) of _linear_pointwise.
+std::pair<const char*, const char*> onednn_post_op(Epilogue epilogue) {
+  switch (epilogue) {
+    case Epilogue::kRelu:
+      return {"relu", ""};
+    case Epilogue::kGeluErf:
+      return {"gelu", "none"};
+    case Epilogue::kGeluTanh:
+      return {"gelu", "tanh"};
+    case Epilogue::kNone:
+      break;
+  }
+  return {"none", ""};
+}
+
 at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
-                         const std::optional<at::Tensor>& bias) {
+                         const std::optional<at::Tensor>& bias,
+                         Epilogue epilogue = Epilogue::kNone) {
+  const auto [attr, algorithm] = onednn_post_op(epilogue);
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(
           "mkldnn::_linear_pointwise", "");
@@ -39,9 +56,10 @@ at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
   stack.emplace_back(a);
   stack.emplace_back(weight.onednn);
   stack.emplace_back(bias);
-  stack.emplace_back("none");
+  stack.emplace_back(attr);
   stack.emplace_back(c10::List<std::optional<at::Scalar>>());
-  stack.emplace_back(c10::IValue());
+  stack.emplace_back(*algorithm != '\0' ? c10::IValue(algorithm)
+                                        : c10::IValue());
   op.callBoxed(stack);
   return stack.back().toTensor();
 }
@@ -108,12 +126,13 @@ void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
                      plan.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
 }
 
-at::Tensor run_onednn(const Plan& plan, const at::Tensor& a) {
+at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
+                      Epilogue epilogue = Epilogue::kNone) {
   const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
       [&](const at::Tensor& ca, const std::optional<at::Tensor>& cbias) {
-        if (!bf16) return onednn_linear(ca, *plan.packed, cbias);
+        if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
         // "medium": bf16 operands, fp32 accumulation; the result comes back
         // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
         // fp32.
@@ -125,11 +144,25 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a) {
       },
       a, plan.bias);
   observe::mark_path(observe::ExecutionPath::kNative,
-                     bf16 ? "onednn/bf16-packed" : "onednn/packed");
+                     bf16                          ? "onednn/bf16-packed"
+                     : epilogue != Epilogue::kNone ? "onednn/packed+epilogue"
+                                                   : "onednn/packed");
   return out;
 }
 
 }  // namespace
+
+std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
+                                               const at::Tensor& a,
+                                               const at::Tensor& b,
+                                               Epilogue epilogue) {
+  const std::optional<Plan> route = plan(bias, a, b, 1, 1);
+  if (!route || !route->packed->onednn.defined() ||
+      route->packed->kind != PackKind::kOneDnn) {
+    return std::nullopt;
+  }
+  return run_onednn(*route, a, epilogue);
+}
 
 std::optional<at::Tensor> fast_linear(const at::Tensor& self,
                                       const at::Tensor& a, const at::Tensor& b,

@@ -20,6 +20,17 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& bias,
                                       const at::Scalar& beta,
                                       const at::Scalar& alpha);
 
+// An activation applied to a GEMM's result.
+enum class Epilogue { kNone, kRelu, kGeluErf, kGeluTanh };
+
+// act(bias + a @ b) in one oneDNN call on the packed weight (the activation
+// applied to each output block while it is in cache), when the call takes
+// the fp32 oneDNN route (more than 16 rows); nullopt otherwise.
+std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
+                                               const at::Tensor& a,
+                                               const at::Tensor& b,
+                                               Epilogue epilogue);
+
 // The same into `out` (mm.out / addmm.out, as Inductor's generated code
 // calls them); false, having done nothing, for a call it does not take.
 bool fast_linear_out(const at::Tensor& out, const at::Tensor& bias,
