@@ -90,3 +90,8 @@ __all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]
 from torch_ember import compile as _compile
 
 _compile.register(lazy=True)
+
+# torch.distributed: the "ember" c10d backend (gloo on zero-copy CPU aliases).
+from torch_ember import distributed as _distributed
+
+_distributed.register()

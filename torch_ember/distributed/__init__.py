@@ -1,0 +1,235 @@
+"""The ``"ember"`` c10d backend: torch.distributed collectives on ember tensors,
+run by gloo's transport on the tensors' own bytes.
+
+ember memory is host memory, so every ember tensor has a zero-copy CPU alias
+(``torch_ember._C.cpu_alias``: a CPU tensor over the same bytes that keeps
+the ember storage alive). The backend hands gloo those aliases: gloo reads
+and writes ember memory in place, with no staging copy and no transport of
+ember's own. Registered at import of torch_ember::
+
+    torch.distributed.init_process_group("cpu:gloo,ember:ember", ...)
+    # or init_process_group("ember"): the backend serves CPU tensors too
+
+Covered: allreduce (+ coalesced), broadcast, reduce, allgather (+ base,
+coalesced), gather, scatter, reduce_scatter (+ base), alltoall (+ base),
+send/recv (+ any source), barrier, monitored_barrier: what DDP and FSDP use.
+Execution on ember is synchronous, so the bytes a collective reads are final
+when it is issued.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from torch_ember import _C
+
+BACKEND_NAME = "ember"
+
+
+def _alias(tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor over the bytes of ``tensor`` (ember), or ``tensor`` itself."""
+    if tensor.device.type == "ember":
+        return _C.cpu_alias(tensor)
+    return tensor
+
+
+def _aliases(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [_alias(t) for t in tensors]
+
+
+def _nested(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    return [_aliases(inner) for inner in lists]
+
+
+class _Work(dist.Work):
+    """gloo's work on the aliases; its future yields the caller's ember tensors
+    (DDP's reducer reads the result from there)."""
+
+    def __init__(self, inner: dist.Work, result: Any):
+        super().__init__()
+        self._inner = inner
+        self._result = result
+        self._future: Future | None = None
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is None:
+            return self._inner.wait()
+        return self._inner.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def is_success(self) -> bool:
+        return self._inner.is_success()
+
+    def exception(self):
+        return self._inner.exception()
+
+    def source_rank(self) -> int:
+        return self._inner.source_rank()
+
+    def result(self):
+        return self._result
+
+    def get_future(self) -> Future:
+        if self._future is None:
+            future: Future = Future()
+            result = self._result
+
+            def done(inner: Future) -> None:
+                try:
+                    inner.value()
+                    future.set_result(result)
+                except Exception as error:  # noqa: BLE001 (handed to the future)
+                    future.set_exception(error)
+
+            self._inner.get_future().add_done_callback(done)
+            self._future = future
+        return self._future
+
+
+class ProcessGroupEmber(dist.ProcessGroup):
+    """c10d backend for ember tensors over a gloo process group."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("ember/", store), rank, size, timeout)
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def _get_backend_name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND_NAME
+
+    def _wrap(self, work: dist.Work, result: Any) -> _Work:
+        return _Work(work, result)
+
+    # -- collectives DDP and FSDP use -------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        return self._wrap(self._gloo.allreduce(_aliases(tensors), opts), tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        return self._wrap(self._gloo.allreduce_coalesced(_aliases(tensors), opts), tensors)
+
+    def broadcast(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        return self._wrap(self._gloo.broadcast(_aliases(tensors), opts), tensors)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts if opts is not None else dist.ReduceOptions()
+        return self._wrap(self._gloo.reduce(_aliases(tensors), opts), tensors)
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        work = self._gloo.allgather(_nested(output_lists), _aliases(input_tensors), opts)
+        return self._wrap(work, output_lists)
+
+    def _allgather_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        return self._wrap(self._gloo._allgather_base(_alias(output), _alias(input), opts), [output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        work = self._gloo.allgather_into_tensor_coalesced(_aliases(outputs), _aliases(inputs), opts)
+        return self._wrap(work, outputs)
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        work = self._gloo.allgather_coalesced(_nested(output_lists), _aliases(input_tensors), opts)
+        return self._wrap(work, output_lists)
+
+    def gather(self, output_lists, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.GatherOptions()
+        work = self._gloo.gather(_nested(output_lists), _aliases(input_tensors), opts)
+        return self._wrap(work, output_lists)
+
+    def scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ScatterOptions()
+        work = self._gloo.scatter(_aliases(output_tensors), _nested(input_lists), opts)
+        return self._wrap(work, output_tensors)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._gloo.reduce_scatter(_aliases(output_tensors), _nested(input_lists), opts)
+        return self._wrap(work, output_tensors)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._gloo._reduce_scatter_base(_alias(output), _alias(input), opts)
+        return self._wrap(work, [output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        work = self._gloo.reduce_scatter_tensor_coalesced(_aliases(outputs), _aliases(inputs), opts)
+        return self._wrap(work, outputs)
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        work = self._gloo.alltoall_base(
+            _alias(output), _alias(input), output_split_sizes, input_split_sizes, opts
+        )
+        return self._wrap(work, [output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts if opts is not None else dist.AllToAllOptions()
+        work = self._gloo.alltoall(_aliases(output_tensors), _aliases(input_tensors), opts)
+        return self._wrap(work, output_tensors)
+
+    # The names torch.distributed's Python functions call on a group.
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    # -- point to point ---------------------------------------------------
+    def send(self, tensors, dst_rank, tag=0):
+        return self._wrap(self._gloo.send(_aliases(tensors), dst_rank, tag), tensors)
+
+    def recv(self, tensors, src_rank, tag=0):
+        return self._wrap(self._gloo.recv(_aliases(tensors), src_rank, tag), tensors)
+
+    def recv_anysource(self, tensors, tag=0):
+        return self._wrap(self._gloo.recv_anysource(_aliases(tensors), tag), tensors)
+
+    # -- synchronisation --------------------------------------------------
+    def barrier(self, opts=None):
+        opts = opts if opts is not None else dist.BarrierOptions()
+        return self._wrap(self._gloo.barrier(opts), [])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        return self._gloo.monitored_barrier(timeout, wait_all_ranks)
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupEmber(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the backend as "ember" for ember devices (idempotent)."""
+    if not dist.is_available():
+        return
+    if BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, devices=[BACKEND_NAME])
+
+
+__all__ = ["BACKEND_NAME", "ProcessGroupEmber", "register"]
