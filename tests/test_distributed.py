@@ -138,6 +138,51 @@ DDP = textwrap.dedent(
     """
 )
 
+FSDP = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def run(rank, world, port):
+        dist.init_process_group("cpu:gloo,ember:ember", init_method=f"tcp://127.0.0.1:{port}",
+                                rank=rank, world_size=world)
+        torch.backends.ember.cpu_parity = True  # compared with CPU below
+        mesh = init_device_mesh("ember", (world,))
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 4)).to("ember")
+        reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                        torch.nn.Linear(16, 4))
+        reference.load_state_dict({k: v.cpu() for k, v in model.state_dict().items()})
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        assert all(p.to_local().device.type == "ember" for p in model.parameters())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            x = torch.randn(4, 8, generator=g)
+            loss = model(x[rank * 2:rank * 2 + 2].to("ember")).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ref_loss = reference(x).pow(2).mean()
+            ref_opt.zero_grad()
+            ref_loss.backward()
+            ref_opt.step()
+        full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+        for k, v in reference.state_dict().items():
+            torch.testing.assert_close(full[k], v, rtol=1e-5, atol=1e-6)
+        print(f"rank {rank} fsdp ok")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.spawn(run, args=(2, int(sys.argv[1])), nprocs=2)
+    """
+)
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -172,6 +217,14 @@ def test_collectives_on_ember_tensors(tmp_path, backend):
     result = _run([str(script), str(_free_port()), backend], tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "rank 0 ok" in result.stdout and "rank 1 ok" in result.stdout
+
+
+def test_fsdp2_fully_shard_matches_cpu_on_the_whole_batch(tmp_path):
+    script = tmp_path / "fsdp.py"
+    script.write_text(FSDP)
+    result = _run([str(script), str(_free_port())], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "rank 0 fsdp ok" in result.stdout and "rank 1 fsdp ok" in result.stdout
 
 
 def _single_run(tmp_path):

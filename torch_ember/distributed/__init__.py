@@ -45,31 +45,38 @@ def _nested(lists: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
 
 
 class _Work(dist.Work):
-    """gloo's work on the aliases; its future yields the caller's ember tensors
-    (DDP's reducer reads the result from there)."""
+    """gloo's work on the aliases (one or several, for coalesced calls); its
+    future yields the caller's ember tensors (DDP's reducer reads the result
+    from there)."""
 
-    def __init__(self, inner: dist.Work, result: Any):
+    def __init__(self, inner: "dist.Work | list[dist.Work]", result: Any):
         super().__init__()
-        self._inner = inner
+        self._works = inner if isinstance(inner, list) else [inner]
         self._result = result
         self._future: Future | None = None
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        if timeout is None:
-            return self._inner.wait()
-        return self._inner.wait(timeout)
+        for work in self._works:
+            if timeout is None:
+                work.wait()
+            else:
+                work.wait(timeout)
+        return True
 
     def is_completed(self) -> bool:
-        return self._inner.is_completed()
+        return all(work.is_completed() for work in self._works)
 
     def is_success(self) -> bool:
-        return self._inner.is_success()
+        return all(work.is_success() for work in self._works)
 
     def exception(self):
-        return self._inner.exception()
+        for work in self._works:
+            if work.exception() is not None:
+                return work.exception()
+        return None
 
     def source_rank(self) -> int:
-        return self._inner.source_rank()
+        return self._works[0].source_rank()
 
     def result(self):
         return self._result
@@ -86,7 +93,9 @@ class _Work(dist.Work):
                 except Exception as error:  # noqa: BLE001 (handed to the future)
                     future.set_exception(error)
 
-            self._inner.get_future().add_done_callback(done)
+            futures = [work.get_future() for work in self._works]
+            combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+            combined.add_done_callback(done)
             self._future = future
         return self._future
 
@@ -94,9 +103,22 @@ class _Work(dist.Work):
 class ProcessGroupEmber(dist.ProcessGroup):
     """c10d backend for ember tensors over a gloo process group."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        group_name: str | None = None,
+    ):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("ember/", store), rank, size, timeout)
+        # A group's name lives on its C++ backends (DeviceMesh, FSDP and the
+        # functional collectives look groups up by name): gloo is this
+        # group's backend for CPU tensors.
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
+        if group_name:
+            self._set_group_name(group_name)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -138,9 +160,13 @@ class ProcessGroupEmber(dist.ProcessGroup):
         return self._wrap(self._gloo._allgather_base(_alias(output), _alias(input), opts), [output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        # gloo has no coalesced form: one collective per pair, issued in order.
         opts = opts if opts is not None else dist.AllgatherOptions()
-        work = self._gloo.allgather_into_tensor_coalesced(_aliases(outputs), _aliases(inputs), opts)
-        return self._wrap(work, outputs)
+        works = [
+            self._gloo._allgather_base(_alias(out), _alias(inp), opts)
+            for out, inp in zip(outputs, inputs, strict=True)
+        ]
+        return self._wrap(works, outputs)
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         opts = opts if opts is not None else dist.AllgatherOptions()
@@ -169,8 +195,11 @@ class ProcessGroupEmber(dist.ProcessGroup):
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        work = self._gloo.reduce_scatter_tensor_coalesced(_aliases(outputs), _aliases(inputs), opts)
-        return self._wrap(work, outputs)
+        works = [
+            self._gloo._reduce_scatter_base(_alias(out), _alias(inp), opts)
+            for out, inp in zip(outputs, inputs, strict=True)
+        ]
+        return self._wrap(works, outputs)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         opts = opts if opts is not None else dist.AllToAllOptions()
@@ -219,8 +248,10 @@ class ProcessGroupEmber(dist.ProcessGroup):
         return self._gloo.monitored_barrier(timeout, wait_all_ranks)
 
 
-def _create(store, rank, size, timeout):
-    return ProcessGroupEmber(store, rank, size, timeout)
+def _create(options, backend_options=None):
+    return ProcessGroupEmber(
+        options.store, options.group_rank, options.group_size, options.timeout, options.group_id
+    )
 
 
 def register() -> None:
@@ -229,7 +260,7 @@ def register() -> None:
         return
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create, devices=[BACKEND_NAME])
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=[BACKEND_NAME])
 
 
 __all__ = ["BACKEND_NAME", "ProcessGroupEmber", "register"]
