@@ -3,6 +3,7 @@
 #include "core/EmberAllocator.h"
 #include "core/RuntimeErrors.h"
 #include "ops/DeviceScope.h"
+#include "ops/WithDevice.h"
 #include "ops/kernels/EmberKernels.h"
 
 namespace ember::kernels {
@@ -34,7 +35,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout);
   at::Tensor result;
-  run_on_device(target_device(device), [&] {
+  with_device_current(target_device(device), [&] {
     result =
         at::detail::empty_generic(size, device_allocator(), kEmberKeys,
                                   c10::dtype_or_default(dtype), memory_format);
@@ -49,7 +50,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<bool> /*pin_memory*/) {
   check_strided(layout);
   at::Tensor result;
-  run_on_device(target_device(device), [&] {
+  with_device_current(target_device(device), [&] {
     result = at::detail::empty_strided_generic(size, stride, device_allocator(),
                                                kEmberKeys,
                                                c10::dtype_or_default(dtype));
