@@ -1,5 +1,6 @@
 #include "observe/MemoryEvents.h"
 
+#include <Python.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 
 #include <chrono>
@@ -40,9 +41,14 @@ int64_t now_us() {
       .count();
 }
 
+// Python frames only on a Python thread: gathering them takes the GIL, and a
+// free on a stream's worker thread (no Python thread state) while a Python
+// thread holding the GIL waits for that stream would deadlock.
 std::shared_ptr<torch::CapturedTraceback> gather(bool cpp) {
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true,
-                                          cpp);
+  const bool python =
+      Py_IsInitialized() && PyGILState_GetThisThreadState() != nullptr;
+  if (!python && !cpp) return nullptr;
+  return torch::CapturedTraceback::gather(python, /*script=*/python, cpp);
 }
 
 // `pending` is what the allocator's totals do not show yet (a block about
