@@ -13,18 +13,17 @@ import torch
 
 from . import modes
 from .cases import (
-    RANDOM_MODULES,
     SEED,
     CaseResult,
     _call,
     _device_error,
     _error_text,
     _grad_pair,
-    _matches,
     _Outcome,
     _run_samples,
 )
 from .compare import Mismatch, Tolerance, compare
+from .op_traits import RANDOM_MODULES, _matches
 from .transform import flat_tensors, to_device
 
 
