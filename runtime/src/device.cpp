@@ -15,6 +15,7 @@
 #include <system_error>
 
 #include "ember/runtime/cpu_features.h"
+#include "ember/runtime/pinned_memory.h"
 #include "ember/runtime/topology.h"
 
 namespace ember::runtime {
@@ -102,6 +103,16 @@ std::mutex creation_mutex;  // serializes creation; held across fork()
 // these while taking another, so the order cannot deadlock; with creation
 // held the set of devices cannot change under the loop.
 void lock_before_fork() {
+  // Function-local statics another thread may be initialising right now: a
+  // child forked mid-initialisation would wait for that thread forever at
+  // its first use. Initialised here (waiting for such a thread) first.
+  try {
+    (void)configuration();
+  } catch (const InvalidConfiguration&) {
+    // Not initialised, and nobody is initialising it: nothing to wait for.
+  }
+  (void)launch_blocking();
+  (void)cpu_features();
   creation_mutex.lock();
   for (auto& slot : created_devices) {
     if (Device* dev = slot.load(std::memory_order_acquire)) {
@@ -109,11 +120,13 @@ void lock_before_fork() {
       dev->streams().lock_for_fork();
     }
   }
+  pinned_lock_for_fork();
 }
 
 // In the parent and (first) in the child: in the child the forking thread
 // (the only one left) is the thread that took the locks.
 void unlock_after_fork() {
+  pinned_unlock_after_fork();
   for (auto it = created_devices.rbegin(); it != created_devices.rend(); ++it) {
     if (Device* dev = it->load(std::memory_order_acquire)) {
       dev->streams().unlock_after_fork();

@@ -102,6 +102,13 @@ bool is_pinned(const void* ptr) {
   return address < it->first + it->second.size;
 }
 
+void pinned_lock_for_fork() {
+  (void)page_size();  // a static: initialised before the fork, not during
+  registry().mutex.lock();
+}
+
+void pinned_unlock_after_fork() { registry().mutex.unlock(); }
+
 PinnedStats pinned_stats() {
   Registry& r = registry();
   std::shared_lock<std::shared_mutex> lock(r.mutex);

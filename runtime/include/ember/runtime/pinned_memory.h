@@ -31,4 +31,9 @@ void pinned_free(void* ptr);
 bool is_pinned(const void* ptr);
 PinnedStats pinned_stats();
 
+// fork() support, called only by the runtime's pthread_atfork handlers
+// (device.cpp): the registry's lock is held across fork().
+void pinned_lock_for_fork();
+void pinned_unlock_after_fork();
+
 }  // namespace ember::runtime

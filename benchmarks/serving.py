@@ -1,0 +1,194 @@
+"""Serving throughput: N model replicas served from N threads, on N ember
+devices that own disjoint cores, against one device owning them all, and
+against CPU eager with the same threads. Ratios are measured in one run.
+
+    python benchmarks/serving.py                      # BERT-tiny and BERT-base
+    python benchmarks/serving.py --models bert-tiny --requests 200 --plot out.png
+
+Each configuration runs in a fresh interpreter (EMBER_DEVICES is read once
+per process): ``replicas`` threads, each with its own copy of the model (the
+same seeded weights) on its own device (ember, N devices: each thread bound
+to its device's cores with ``torch.ember.use_device_cores``) or all on one
+device owning every core (ember, 1 device) or on CPU, each thread answering
+``requests`` batch-1 requests after a warm-up. Throughput = all requests /
+wall time. Outputs of every configuration are checked against CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tqdm import tqdm
+
+MODELS = {
+    # google/bert_uncased_L-2_H-128_A-2's shape ("BERT-tiny"), seq 128.
+    "bert-tiny": {
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 512,
+    },
+    # bert-base-uncased's shape, seq 128.
+    "bert-base": {},
+}
+
+WORKER = textwrap.dedent(
+    """
+    import json, os, sys, threading, time
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch, transformers
+    transformers.logging.set_verbosity_error()
+    spec = json.loads(sys.argv[1])
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(**spec["config"])
+    base = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, 128), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        reference = base(input_ids=ids).last_hidden_state
+    replicas = spec["replicas"]
+    if spec["system"] == "cpu":
+        devices = ["cpu"] * replicas
+    elif spec["devices"] == 1:
+        devices = ["ember:0"] * replicas
+    else:
+        devices = [f"ember:{i}" for i in range(replicas)]
+    models = []
+    for d in devices:
+        m = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+        m.load_state_dict(base.state_dict())
+        models.append((m.to(d), ids.to(d)))
+    barrier = threading.Barrier(replicas + 1)
+    errors = []
+
+    def serve(i):
+        model, x = models[i]
+        try:
+            if spec["system"] == "ember" and spec["devices"] > 1:
+                # One serving thread per device, on that device's cores.
+                torch.ember.use_device_cores(i)
+            with torch.no_grad():
+                for _ in range(spec["warmup"]):
+                    model(input_ids=x)
+                out = model(input_ids=x).last_hidden_state.cpu()
+                if not torch.allclose(out, reference, atol=1e-3, rtol=1e-3):
+                    errors.append(f"replica {i} on {devices[i]} differs from CPU")
+                barrier.wait()
+                for _ in range(spec["requests"]):
+                    model(input_ids=x).last_hidden_state
+                if devices[i] != "cpu":
+                    torch.ember.synchronize(torch.device(devices[i]).index)
+        except Exception as e:  # reported by the parent; never a hang
+            errors.append(f"replica {i} on {devices[i]}: {e!r}")
+            barrier.abort()
+
+    threads = [threading.Thread(target=serve, args=(i,)) for i in range(replicas)]
+    for t in threads:
+        t.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    begin = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - begin
+    cores = [torch.ember.get_device_properties(i).core_ids for i in range(torch.ember.device_count())]
+    print(json.dumps({"throughput": replicas * spec["requests"] / wall, "errors": errors, "cores": cores}))
+    """
+)
+
+
+def run_config(
+    model: str, system: str, devices: int, replicas: int, requests: int, warmup: int
+) -> dict:
+    spec = {
+        "config": MODELS[model],
+        "system": system,
+        "devices": devices,
+        "replicas": replicas,
+        "requests": requests,
+        "warmup": warmup,
+    }
+    env = {**os.environ, "EMBER_DEVICES": str(devices)}
+    env.pop("EMBER_DEVICE_CORES", None)
+    result = subprocess.run(
+        [sys.executable, "-c", WORKER, json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{model} {system} x{devices}: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--replicas", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--requests", type=int, default=None, help="per replica (default: by model)"
+    )
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--plot", default=None, help="PNG: throughput by configuration")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args()
+
+    n = args.replicas
+    configs = [
+        ("cpu eager", "cpu", 1),
+        ("ember, 1 device", "ember", 1),
+        (f"ember, {n} devices", "ember", n),
+    ]
+    results: dict[str, dict[str, float]] = {}
+    jobs = [(m, c) for m in args.models for c in configs]
+    for model, (label, system, devices) in tqdm(jobs, desc="serving", unit="config"):
+        requests = args.requests or (200 if model == "bert-tiny" else 20)
+        out = run_config(model, system, devices, n, requests, args.warmup)
+        if out["errors"]:
+            raise SystemExit(f"{model} {label}: {out['errors']}")
+        results.setdefault(model, {})[label] = out["throughput"]
+
+    print(f"\n{n} replicas from {n} threads, batch 1, seq 128 (requests/s; ratios in this run)\n")
+    header = (
+        "| model | "
+        + " | ".join(label for label, _, _ in configs)
+        + f" | {n} dev / 1 dev | {n} dev / cpu |"
+    )
+    print(header)
+    print("|" + "---|" * (len(configs) + 3))
+    for model, row in results.items():
+        many, one, cpu = row[configs[2][0]], row[configs[1][0]], row[configs[0][0]]
+        cells = " | ".join(f"{row[label]:.1f}" for label, _, _ in configs)
+        print(f"| {model} | {cells} | {many / one:.2f}x | {many / cpu:.2f}x |")
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"replicas": n, "results": results}, f, indent=2)
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+        for ax, (model, row) in zip(axes[0], results.items(), strict=True):
+            ax.bar(list(row), list(row.values()), color=["#888", "#e8743b", "#c0392b"])
+            ax.set_title(f"{model}: {n} replicas, {n} threads")
+            ax.set_ylabel("requests / s")
+            ax.tick_params(axis="x", labelrotation=15)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"\nplot: {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
