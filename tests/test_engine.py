@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -206,16 +207,25 @@ def test_workers_are_pinned_and_run_with_their_device_thread_count():
         assert threads == len(cores)
 
 
-def test_inline_ops_use_at_most_their_device_cores():
-    cores = len(torch.ember.get_device_properties(0).core_ids)
+def test_inline_ops_follow_the_thread_count_unless_the_thread_is_bound():
+    # Ops follow torch.set_num_threads (as on CPU: cpu_parity stays bitwise
+    # CPU's); a thread bound with use_device_cores runs them on its device's
+    # cores. Bound in a fresh thread: the binding is the thread's.
     threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(max(threads, cores + 1))
-        assert _C._engine_inline_threads(0) == cores or not _C._engine_cores_partitioned()
-        torch.set_num_threads(1)  # fewer than the device's share: kept
-        assert _C._engine_inline_threads(0) == 1
-    finally:
-        torch.set_num_threads(threads)
+    assert _C._engine_inline_threads(0) == threads
+    seen = {}
+
+    def bound():
+        seen["cores"] = torch.ember.use_device_cores(0)
+        seen["affinity"] = sorted(os.sched_getaffinity(0))
+        seen["threads"] = _C._engine_inline_threads(0)
+
+    t = threading.Thread(target=bound)
+    t.start()
+    t.join()
+    cores = torch.ember.get_device_properties(0).core_ids
+    assert seen == {"cores": cores, "affinity": cores, "threads": len(cores)}
+    assert _C._engine_inline_threads(0) == threads  # this thread unchanged
 
 
 def test_ember_devices_partitions_the_process_cores():
@@ -347,7 +357,6 @@ def test_stress_threads_devices_streams_with_events_match_cpu():
     chain on CPU (bitwise: these ops run CPU's kernels). Bounded: a fixed
     number of steps per thread."""
     import random
-    import threading
 
     devices = list(range(min(2, torch.ember.device_count())))
     streams = {d: [torch.ember.default_stream(d), torch.ember.Stream(device=d)] for d in devices}

@@ -1,12 +1,15 @@
-// The engine's glue to ATen's intra-op parallelism: the thread count of a
-// device's workers and of threads running ops on a device that owns a
-// share of the cores.
+// The engine's glue to ATen's intra-op parallelism (the thread count of a
+// device's workers, and of threads bound to a device), and the copies the
+// engine queues.
 #include "ops/DeviceScope.h"
 
 #include <ATen/Parallel.h>
 #include <omp.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <cstring>
+#include <vector>
 
 #include "core/EmberPinnedAllocator.h"
 #include "core/RuntimeErrors.h"
@@ -39,20 +42,23 @@ const bool worker_hook_installed =
 
 }  // namespace
 
-IntraOpThreads::IntraOpThreads(c10::DeviceIndex device) {
-  const int cores = static_cast<int>(runtime::device_cores(device).size());
-  init_aten_threads();
-  // At most the device's cores; fewer if the thread asked for fewer
-  // (torch.set_num_threads keeps working below the device's share).
-  const int current = omp_get_max_threads();
-  if (current > cores) {
-    omp_set_num_threads(cores);
-    previous_ = current;
+int bind_thread_to_device(c10::DeviceIndex device) {
+  const std::vector<int>& cores =
+      translate_runtime_errors([&]() -> const std::vector<int>& {
+        return runtime::device_cores(device);
+      });
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int core : cores) {
+    if (core >= 0 && core < CPU_SETSIZE) CPU_SET(core, &set);
   }
-}
-
-IntraOpThreads::~IntraOpThreads() {
-  if (previous_ != 0) omp_set_num_threads(previous_);
+  const int error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  TORCH_CHECK(error == 0,
+              "ember: cannot bind this thread to the cores of ember:", device,
+              " (pthread_setaffinity_np: error ", error, ")");
+  init_aten_threads();
+  omp_set_num_threads(static_cast<int>(cores.size()));
+  return static_cast<int>(cores.size());
 }
 
 bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {

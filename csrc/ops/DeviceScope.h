@@ -14,21 +14,13 @@
 
 namespace ember {
 
-// While alive, OpenMP regions started by this thread use at most `device`'s
-// core count (restored afterwards). Used only when devices own a share of the
-// cores (runtime::cores_partitioned()): the thread that drives a device
-// then runs its kernels with that device's thread count, so two threads
-// driving two devices do not oversubscribe the cores.
-class IntraOpThreads final {
- public:
-  explicit IntraOpThreads(c10::DeviceIndex device);
-  ~IntraOpThreads();
-  IntraOpThreads(const IntraOpThreads&) = delete;
-  IntraOpThreads& operator=(const IntraOpThreads&) = delete;
-
- private:
-  int previous_ = 0;  // 0: unchanged
-};
+// Binds the calling thread to `device`'s cores: its affinity becomes the
+// device's cores and its OpenMP thread count their number, so the ops it
+// runs (inline, on this thread) use exactly the device's cores. Explicit
+// (torch.ember.use_device_cores), never implicit: ops otherwise follow the
+// thread's own settings, as on CPU (cpu_parity stays bitwise equal to CPU
+// at the same torch.set_num_threads). Returns the device's core count.
+int bind_thread_to_device(c10::DeviceIndex device);
 
 inline c10::DeviceIndex current_device_index() {
   return static_cast<c10::DeviceIndex>(runtime::current_device());
@@ -45,13 +37,7 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
       if (previous != device) runtime::set_current_device(previous);
     }
   } restore{previous, device};
-  runtime::Stream& stream = runtime::device(device).streams().current();
-  if (runtime::cores_partitioned()) [[unlikely]] {
-    IntraOpThreads threads(device);
-    stream.run(std::forward<Work>(work));
-    return;
-  }
-  stream.run(std::forward<Work>(work));
+  runtime::device(device).streams().current().run(std::forward<Work>(work));
 }
 
 // A non_blocking copy from pinned host memory (pin_memory()) into an ember

@@ -97,6 +97,15 @@ void bind_engine(py::module& m) {
         return threads;
       },
       "OpenMP thread count an op runs with on this thread.");
+  m.def(
+      "_engine_bind_thread",
+      [](int device) {
+        const int cores =
+            bind_thread_to_device(static_cast<c10::DeviceIndex>(device));
+        return std::make_pair(cores, thread_cpus());
+      },
+      "Binds the calling thread to a device's cores; returns (cores, the "
+      "thread's CPU ids).");
   m.def("_engine_cores_partitioned", [] {
     return translate_runtime_errors([] { return rt::cores_partitioned(); });
   });

@@ -363,6 +363,41 @@ TEST(Numa, SegmentsAreBoundToTheDeviceNode) {
   set_topology(nullptr);
 }
 
+// Cores alternate between two nodes (core % 2).
+class AlternatingNodes final : public Topology {
+ public:
+  std::vector<int> allowed_cores() const override { return allowed_cpus(); }
+  int node_count() const override { return 2; }
+  int node_of_core(int core) const override { return core % 2; }
+  bool bind_memory(void* ptr, std::size_t bytes, int node) const override {
+    binds.push_back({ptr, bytes, node});
+    return true;
+  }
+  struct Bind {
+    void* ptr;
+    std::size_t bytes;
+    int node;
+  };
+  mutable std::vector<Bind> binds;
+};
+
+TEST(Numa, ADeviceOnAMultiNodeMachineBindsItsMemoryToItsCoresNode) {
+  if (device_count() < 2) GTEST_SKIP() << "needs EMBER_DEVICES >= 2";
+  AlternatingNodes fake;
+  set_topology(&fake);
+  {
+    Device dev(1);  // a second Device object for index 1: its own allocator
+    const int node = dev.properties().core_ids.front() % 2;
+    EXPECT_EQ(dev.properties().numa_node, node);
+    EXPECT_EQ(dev.allocator().numa_node(), node);
+    Allocation a = dev.allocator().allocate(1000);
+    ASSERT_EQ(fake.binds.size(), 1u);
+    EXPECT_EQ(fake.binds[0].node, node);
+    dev.allocator().free(a.block);
+  }
+  set_topology(nullptr);
+}
+
 // 8 threads x 2 devices x 2 streams: each thread runs a random chain of
 // steps on its own data, each step queued on a random stream of a random
 // device and ordered after the previous step by an event (cross-stream

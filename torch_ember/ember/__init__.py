@@ -45,6 +45,7 @@ from torch_ember.ember.streams import (
     default_stream,
     set_stream,
     stream,
+    use_device_cores,
 )
 
 OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
@@ -224,4 +225,5 @@ __all__ = [
     "set_stream",
     "stream",
     "synchronize",
+    "use_device_cores",
 ]

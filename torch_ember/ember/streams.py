@@ -1,8 +1,11 @@
 """Streams and events of ember devices, on PyTorch's generic torch.Stream/Event.
 
-Execution is synchronous today: work submitted to a stream has completed when
-the call returns, so ``query()`` is always True. The ordering semantics
-(record/wait/synchronize) hold and are what later asynchronous execution keeps.
+Each stream has a queue run by a worker thread pinned to its device's cores
+(see docs/architecture.md). Ops run synchronously on the calling thread, after
+the work queued on their stream; ``non_blocking`` uploads from pinned memory
+are queued. ``query()`` is False while queued work is pending, events complete
+when the work before them does, ``wait_event``/``wait_stream`` order streams,
+and an error in queued work is raised at the next synchronisation point.
 """
 
 from typing import Any
@@ -119,3 +122,20 @@ class StreamContext:
 
 def stream(stream: torch.Stream | None) -> StreamContext:
     return StreamContext(stream)
+
+
+def use_device_cores(device: Any = None) -> list[int]:
+    """Binds the calling thread to ``device``'s cores (``EMBER_DEVICES`` /
+    ``EMBER_DEVICE_CORES`` split the process's cores between devices): the
+    thread's affinity becomes those cores and its intra-op thread count their
+    number, so the ops it runs use exactly the device's cores. For serving one
+    model replica per device from one thread per device. Returns the cores.
+
+    Explicit by design: without it a thread's ops follow its own
+    ``torch.set_num_threads``, as on CPU."""
+    index = _device_index(device, optional=True)
+    cores, _ = _C._engine_bind_thread(index)
+    core_ids = list(_C.device_properties(index)["core_ids"])
+    assert cores == len(core_ids)
+    return core_ids
+
