@@ -224,6 +224,15 @@ def test_info_text_follows_strict_and_warn_environment():
     assert _row(warn, "fallback") == "warn (strict: False)"
 
 
+def test_info_names_an_invalid_setting_instead_of_failing():
+    """The diagnostic tool still reports when a setting makes every device unusable."""
+    report = json.loads(_run_info("--json", env={"EMBER_VERBOSE": "abc"}))
+    assert report["device_count"] == 0
+    assert len(report["devices"]) == 1 and "EMBER_VERBOSE='abc' is invalid" in report["devices"][0]
+    assert report["environment"]["EMBER_VERBOSE"] == "abc"
+    assert "EMBER_VERBOSE='abc' is invalid" in _run_info(env={"EMBER_VERBOSE": "abc"})
+
+
 def test_info_reports_a_missing_part_instead_of_failing(monkeypatch):
     def broken():
         raise RuntimeError("not built")

@@ -93,3 +93,16 @@ def test_forked_child_sees_parent_tensors_and_its_own_stats(run_python):
     result = run_python(code, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "45.0", "True"]
+
+
+def test_fork_while_other_threads_print_the_verbose_log_never_hangs(run_python):
+    """The verbose log's output lock is not inherited held (another thread was
+    printing an allocation when fork() ran)."""
+    quiet = "import os; os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"
+    result = run_python(
+        quiet + FORK_WHILE_ALLOCATING,
+        env={"OMP_NUM_THREADS": "1", "EMBER_VERBOSE": "2"},
+        timeout=300,
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == "forks=200 hung=0 failed=0", result.stdout

@@ -126,8 +126,17 @@ def _benchmark_cache() -> Any:
 
 
 def collect() -> dict[str, Any]:
-    """Everything ``python -m torch_ember info`` reports, as plain data."""
-    count = torch.ember.device_count()
+    """Everything ``python -m torch_ember info`` reports, as plain data.
+
+    An invalid ``EMBER_*`` setting makes every use of a device raise; the
+    report still runs and says which setting is wrong (it is the tool one
+    reaches for when something is wrong)."""
+    try:
+        count = torch.ember.device_count()
+    except RuntimeError as error:
+        count, devices = 0, [f"unavailable: {error}"]
+    else:
+        devices = [_safe(lambda i=i: _device(i)) for i in range(count)]
     return {
         "versions": _safe(ember_backends.version),
         "is_built": _safe(ember_backends.is_built),
@@ -139,7 +148,7 @@ def collect() -> dict[str, Any]:
         "torch": _torch_settings(),
         "benchmark_cache": _safe(_benchmark_cache),
         "device_count": count,
-        "devices": [_safe(lambda i=i: _device(i)) for i in range(count)],
+        "devices": devices,
         "threads": {
             "num_threads": torch.get_num_threads(),
             "num_interop_threads": torch.get_num_interop_threads(),

@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
+#include <pthread.h>
 
 #include <chrono>
 #include <cstdio>
@@ -120,6 +121,16 @@ std::mutex& output_mutex() {
   static std::mutex mutex;
   return mutex;
 }
+
+// fork(): a child must not inherit the output lock held by a thread it does
+// not have (another thread printing a log line). Registered when the library
+// loads, before the runtime's handlers, so its prepare step runs after
+// theirs: allocator lock, then this one, the order log_allocation takes them.
+const bool fork_handlers_installed = [] {
+  return pthread_atfork([] { output_mutex().lock(); },
+                        [] { output_mutex().unlock(); },
+                        [] { output_mutex().unlock(); }) == 0;
+}();
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
   auto* frame = static_cast<OpFrame*>(context);
