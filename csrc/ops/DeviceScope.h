@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ember/runtime/device.h"
+#include "ops/WithDevice.h"
 
 namespace ember {
 
@@ -28,16 +29,9 @@ inline c10::DeviceIndex current_device_index() {
 
 template <class Work>
 void run_on_device(c10::DeviceIndex device, Work&& work) {
-  const int previous = runtime::current_device();
-  if (previous != device) runtime::set_current_device(device);
-  struct Restore {
-    int previous;
-    int device;
-    ~Restore() {
-      if (previous != device) runtime::set_current_device(previous);
-    }
-  } restore{previous, device};
-  runtime::device(device).streams().current().run(std::forward<Work>(work));
+  with_device_current(device, [&] {
+    runtime::device(device).streams().current().run(std::forward<Work>(work));
+  });
 }
 
 // A non_blocking copy from pinned host memory (pin_memory()) into an ember
