@@ -22,6 +22,10 @@ be = ember_backends
 
 # Every flags() keyword: (read current value, set value) through the public surface.
 SWITCHES = {
+    "async_execution": (
+        lambda: be.async_execution,
+        lambda v: setattr(be, "async_execution", v),
+    ),
     "cpu_parity": (lambda: be.cpu_parity, lambda v: setattr(be, "cpu_parity", v)),
     "packed_weights_limit": (
         lambda: be.packed_weights_limit,
@@ -46,6 +50,7 @@ SWITCHES = {
 }
 
 DEFAULTS = {
+    "async_execution": True,
     "cpu_parity": False,
     "deterministic": False,
     "benchmark": False,
@@ -61,6 +66,7 @@ DEFAULTS = {
 # A value of each switch other than its default (blas: a library this build has).
 _OTHER_BLAS = next((b for b in be.available_blas_libraries() if b != "default"), "default")
 CHANGED = {
+    "async_execution": False,
     "cpu_parity": True,
     "packed_weights_limit": 12345,
     "deterministic": True,
@@ -130,7 +136,7 @@ def test_surface_covers_every_flags_keyword():
 def test_defaults_in_a_fresh_process(run_python):
     code = (
         "import json, torch, torch_ember; be = torch.backends.ember; print(json.dumps({"
-        "'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
+        "'async_execution': be.async_execution, 'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
         "'benchmark_limit': be.benchmark_limit, 'fallback': be.fallback, "
         "'matmul_fp32_precision': be.matmul.fp32_precision, "
         "'conv_fp32_precision': be.conv.fp32_precision, "
@@ -142,6 +148,8 @@ def test_defaults_in_a_fresh_process(run_python):
         "EMBER_FALLBACK": None,
         "EMBER_VERBOSE": None,
         "EMBER_CPU_PARITY": None,
+        "EMBER_ASYNC": None,
+        "EMBER_LAUNCH_BLOCKING": None,
     }
     result = run_python(code, env=env)
     assert result.returncode == 0, result.stderr

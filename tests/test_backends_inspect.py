@@ -20,6 +20,7 @@ NUM_DEVICES = torch.ember.device_count()
 
 # Every flags() keyword; the report lists each under this name in --json.
 FLAG_KEYWORDS = (
+    "async_execution",
     "cpu_parity",
     "packed_weights_limit",
     "deterministic",

@@ -93,9 +93,11 @@ def test_an_op_on_a_stream_runs_after_the_work_queued_on_it():
     x = torch.arange(6.0, device="ember")
     _sleep_on(stream)
     with torch.ember.stream(stream):
-        y = x * 2  # waits for the queued sleep first (stream order)
+        y = x * 2  # runs after the queued sleep (stream order)
+        y.add_(1)  # and this after it
+        stream.synchronize()
         assert stream.query()
-    assert torch.equal(y.cpu(), torch.arange(6.0) * 2)
+    assert torch.equal(y.cpu(), torch.arange(6.0) * 2 + 1)
 
 
 def test_streams_of_a_device_run_queued_work_concurrently():
@@ -133,8 +135,11 @@ def test_async_error_is_raised_by_the_next_op_on_the_stream():
     stream = torch.ember.Stream()
     x = torch.ones(3, device="ember")
     _C._engine_enqueue_failure(0, stream.stream_id, "aten::broken", "boom")
+    # The failure is reported by the first launch or synchronisation after
+    # it ran (as CUDA reports a kernel error at the next API call).
     with torch.ember.stream(stream), pytest.raises(RuntimeError, match="aten::broken"):
         x + 1
+        stream.synchronize()
     with torch.ember.stream(stream):
         assert torch.equal((x + 1).cpu(), torch.full((3,), 2.0))
 
@@ -200,9 +205,12 @@ def test_devices_own_disjoint_cores():
 
 
 def test_workers_are_pinned_and_run_with_their_device_thread_count():
+    # A fresh stream's worker: pinned, with its device's thread count (ops
+    # launched on it then run with min(launching thread's count, cores)).
     for i in range(torch.ember.device_count()):
         cores = torch.ember.get_device_properties(i).core_ids
-        threads, cpus = _C._engine_worker_threads(i, 0)
+        stream = torch.ember.Stream(f"ember:{i}")
+        threads, cpus = _C._engine_worker_threads(i, stream.stream_id)
         assert cpus == cores
         assert threads == len(cores)
 

@@ -51,7 +51,10 @@ def test_every_public_name_that_is_not_a_switch_is_protected():
         ("conv", "set torch.backends.ember.conv.fp32_precision"),
         ("verbose", r"call torch.backends.ember.verbose\(level\)"),
         ("flags", r"use torch.backends.ember.flags\(...\)"),
-        ("version", "the assignable switches are benchmark, benchmark_limit, cpu_parity"),
+        (
+            "version",
+            "the assignable switches are async_execution, benchmark, benchmark_limit, cpu_parity",
+        ),
     ],
 )
 def test_assigning_the_issues_names_says_what_to_do_instead(name, hint):

@@ -155,8 +155,8 @@ def test_event_on_explicit_stream_and_wait():
     event.wait(consumer)
     with torch.ember.stream(consumer):
         y = x * 2
-    assert event.query()
     assert torch.equal(y.cpu(), (torch.arange(10.0) + 1) * 2)
+    assert event.query()
 
 
 def test_stream_wait_event_wait_stream_record_event():

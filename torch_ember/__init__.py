@@ -72,6 +72,22 @@ def reset_fallback_stats() -> None:
     _C.reset_fallback_stats()
 
 
+def launch_stats() -> dict[str, dict[str, int]]:
+    """What the execution engine did per op since the last reset.
+
+    Returns ``{op_name: {"launched": n, "waited": w}}``: ``launched`` counts
+    calls queued on their stream and returned at once (asynchronous
+    execution); ``waited`` counts synchronous calls that found work queued
+    on their stream and waited for it first -- the places where the engine
+    still drains its queue. See docs/architecture.md.
+    """
+    return _C.launch_stats()
+
+
+def reset_launch_stats() -> None:
+    _C.reset_launch_stats()
+
+
 def set_strict(strict: bool) -> None:
     """Make a copying fallback an error (same as ``EMBER_STRICT=1``)."""
     _C.set_strict_mode(bool(strict))
@@ -81,7 +97,14 @@ def is_strict() -> bool:
     return _C.strict_mode()
 
 
-__all__ = ["fallback_stats", "is_strict", "reset_fallback_stats", "set_strict"]
+__all__ = [
+    "fallback_stats",
+    "is_strict",
+    "launch_stats",
+    "reset_fallback_stats",
+    "reset_launch_stats",
+    "set_strict",
+]
 
 # --------------------------------------------------------------------------- torch.compile
 # Registers ember with Dynamo (device interface) and Inductor (C++ kernels on ember

@@ -25,6 +25,8 @@ from torch_ember import backends as ember_backends
 ENVIRONMENT_VARIABLES = (
     "EMBER_DEVICES",
     "EMBER_CPU_PARITY",
+    "EMBER_ASYNC",
+    "EMBER_LAUNCH_BLOCKING",
     "EMBER_VERBOSE",
     "EMBER_FALLBACK",
     "EMBER_STRICT",
@@ -46,6 +48,7 @@ def _flags() -> dict[str, Any]:
     with what it resolves to where that differs from the setting."""
     be = ember_backends
     return {
+        "async_execution": _safe(lambda: be.async_execution),
         "cpu_parity": _safe(lambda: be.cpu_parity),
         "packed_weights_limit": _safe(lambda: be.packed_weights_limit),
         "deterministic": _safe(lambda: be.deterministic),
@@ -227,6 +230,7 @@ def render(info: dict[str, Any]) -> str:
     lines += ["", "flags (torch.backends.ember):"]
     lines += _rows(
         [
+            ("async_execution", flags["async_execution"]),
             ("cpu_parity", flags["cpu_parity"]),
             ("packed_weights_limit", flags["packed_weights_limit"]),
             ("deterministic", deterministic),

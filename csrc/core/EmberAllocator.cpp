@@ -112,6 +112,23 @@ void copy_stat(const rt::Stat& from, c10::CachingAllocator::StatArray& to) {
   aggregate.freed = from.freed;
 }
 
+// A block from `device`'s pool. When the pool is exhausted while launched
+// work still holds memory (results and operands of queued ops, released as
+// the work completes), the submitting thread waits for the device's queues
+// and tries once more before reporting out-of-memory.
+rt::Allocation allocate_block(c10::DeviceIndex device, size_t bytes) {
+  return translate_runtime_errors([&] {
+    rt::Device& target = rt::device(device);
+    try {
+      return target.allocator().allocate(bytes);
+    } catch (const rt::OutOfMemory&) {
+      if (rt::in_stream_worker()) throw;
+      target.synchronize();
+      return target.allocator().allocate(bytes);
+    }
+  });
+}
+
 }  // namespace
 
 c10::DataPtr EmberDeviceAllocator::allocate(size_t nbytes) {
@@ -125,8 +142,7 @@ c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
   const c10::Device tag_device = tag == c10::DeviceType::CPU
                                      ? c10::Device(c10::DeviceType::CPU)
                                      : c10::Device(tag, device);
-  rt::Allocation allocation = translate_runtime_errors(
-      [&] { return rt::device(device).allocator().allocate(nbytes); });
+  rt::Allocation allocation = allocate_block(device, nbytes);
   if (allocation.block == nullptr) {
     return c10::DataPtr(nullptr, tag_device);
   }
@@ -145,10 +161,9 @@ c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(
     c10::DeviceIndex device, size_t nbytes) {
   const c10::Device cpu(c10::DeviceType::CPU);
   if (nbytes == 0) return c10::DataPtr(nullptr, cpu);
-  rt::Allocation allocation = translate_runtime_errors([&] {
-    return rt::device(device).allocator().allocate(
-        nbytes + sizeof(CpuKernelHeader) + (kHeapChecks ? kCanaryBytes : 0));
-  });
+  rt::Allocation allocation =
+      allocate_block(device, nbytes + sizeof(CpuKernelHeader) +
+                                 (kHeapChecks ? kCanaryBytes : 0));
   auto* header = new (allocation.ptr)
       CpuKernelHeader{CpuKernelHeader::kMagic, device, allocation.block, nbytes,
                       observe::t_current_op};
@@ -183,6 +198,8 @@ void EmberDeviceAllocator::copy_data(void* dest, const void* src,
 
 void EmberDeviceAllocator::emptyCache(c10::MempoolId_t) {
   for (int i = 0; i < rt::device_count(); ++i) {
+    // Finished launched work may still hold the last reference to blocks.
+    rt::device(i).streams().collect_finished();
     rt::device(i).allocator().empty_cache();
   }
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 
 #include "ember/runtime/cpu_features.h"
+#include "ember/runtime/stream.h"
 #include "flags/Environment.h"
 
 namespace ember::flags {
@@ -14,6 +15,9 @@ namespace {
 // -1 in a precision slot means "not set: follow torch's global setting".
 constexpr int8_t kFollowGlobal = -1;
 
+std::atomic<bool> g_async_execution{
+    env_switch("EMBER_ASYNC", "async_execution").value_or(true) &&
+    !runtime::launch_blocking()};
 std::atomic<bool> g_cpu_parity{
     env_switch("EMBER_CPU_PARITY", "cpu_parity").value_or(false)};
 std::atomic<bool> g_deterministic{false};
@@ -107,6 +111,11 @@ const char* to_string(FallbackPolicy policy) {
   }
   return "?";
 }
+
+bool async_execution() {
+  return g_async_execution.load(std::memory_order_relaxed);
+}
+void set_async_execution(bool on) { g_async_execution.store(on); }
 
 bool cpu_parity() { return g_cpu_parity.load(std::memory_order_relaxed); }
 void set_cpu_parity(bool on) { g_cpu_parity.store(on); }

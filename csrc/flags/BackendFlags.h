@@ -34,6 +34,13 @@ const char* to_string(FallbackPolicy policy);
 bool cpu_parity();
 void set_cpu_parity(bool on);
 
+// Asynchronous execution: ops whose result layout ember knows before they
+// run are queued on their stream and return at once (docs/architecture.md,
+// "The execution engine"). On by default; EMBER_ASYNC=0 or
+// EMBER_LAUNCH_BLOCKING=1 turn it off at start-up. Never changes a result.
+bool async_execution();
+void set_async_execution(bool on);
+
 // Determinism: ember's own switch or torch.use_deterministic_algorithms.
 bool deterministic();
 bool deterministic_flag();  // ember's switch alone

@@ -42,6 +42,16 @@ const bool worker_hook_installed =
 
 }  // namespace
 
+int launching_thread_count(c10::DeviceIndex device) {
+  const int threads = at::get_num_threads();
+  const auto cores = static_cast<int>(runtime::device_cores(device).size());
+  return cores > 0 && cores < threads ? cores : threads;
+}
+
+void match_thread_count(int threads) {
+  if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+}
+
 int bind_thread_to_device(c10::DeviceIndex device) {
   const std::vector<int>& cores =
       translate_runtime_errors([&]() -> const std::vector<int>& {

@@ -7,10 +7,15 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <utility>
 
+#include "core/CpuAllocationCapture.h"
 #include "ember/runtime/device.h"
+#include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
+#include "ops/LaunchStats.h"
 #include "ops/WithDevice.h"
 
 namespace ember {
@@ -27,10 +32,61 @@ inline c10::DeviceIndex current_device_index() {
   return static_cast<c10::DeviceIndex>(runtime::current_device());
 }
 
+// A synchronous op: runs on the calling thread once the work queued on the
+// current stream has finished (a wait that is counted: launch_stats()).
 template <class Work>
 void run_on_device(c10::DeviceIndex device, Work&& work) {
   with_device_current(device, [&] {
-    runtime::device(device).streams().current().run(std::forward<Work>(work));
+    runtime::Stream& stream = runtime::device(device).streams().current();
+    if (!stream.query()) [[unlikely]]
+      count_wait(observe::t_current_op);
+    stream.run(std::forward<Work>(work));
+  });
+}
+
+// The intra-op thread count launched work runs with, and setting it on a
+// worker before it runs the work: the launching thread's count (ATen's, as
+// the kernel would have used there: results, including cpu_parity's
+// bitwise equality at a given torch.set_num_threads, do not depend on
+// launching), capped at the device's cores (a device that owns a part of
+// the machine never runs more threads than it has cores).
+int launching_thread_count(c10::DeviceIndex device);
+void match_thread_count(int threads);
+
+// Launched op work: what the stream's worker runs. Below autograd (as the
+// kernel would be on the launching thread), with the device's pool serving
+// the CPU allocations of the kernel.
+template <class Work>
+struct LaunchedWork {
+  c10::DeviceIndex device;
+  int threads;
+  Work work;
+  void operator()() {
+    c10::impl::ExcludeDispatchKeyGuard below_autograd(
+        c10::autograd_dispatch_keyset_with_ADInplaceOrView);
+    CpuAllocationCapture capture(device);
+    match_thread_count(threads);
+    work();
+  }
+};
+
+// Whether op work may be launched asynchronously now
+// (torch.backends.ember.async_execution).
+inline bool launch_async() { return flags::async_execution(); }
+
+// Queues `work` on `device`'s current stream (the stream's worker runs it,
+// in stream order) and returns at once. `work` owns everything it uses
+// (CPU aliases of the ember tensors, owned copies of other arguments): the
+// caller's arguments may be gone when it runs. `name` (static) names it in
+// an asynchronous error. The result tensors must exist before the call (the
+// host allocated them from the op's known output layout).
+template <class Work>
+void launch_on_device(c10::DeviceIndex device, const char* name, Work work) {
+  LaunchedWork<Work> launched{device, launching_thread_count(device),
+                              std::move(work)};
+  with_device_current(device, [&] {
+    runtime::device(device).streams().current().enqueue(name,
+                                                        std::move(launched));
   });
 }
 

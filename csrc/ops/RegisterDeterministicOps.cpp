@@ -3,7 +3,8 @@
 // (reductions and softmax in Ops, norms in Norms, boxed paths in Boxed);
 // each is the plain CPU delegation while the mode is off. _softmax and gelu
 // are registered in ops/kernels/HotOps.cpp, which points them at
-// kernels::deterministic::softmax and ::gelu.
+// kernels::deterministic::softmax and ::gelu (and pow.Tensor_Scalar at the
+// chunked elementwise path below).
 #include <torch/library.h>
 
 #include "ops/kernels/DeterministicOps.h"
@@ -82,8 +83,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"sigmoid", "sigmoid_backward", "silu", "silu_backward", "mish",
         "mish_backward", "softplus", "softplus_backward", "elu", "elu_backward",
-        "gelu_backward", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar",
-        "atan2", "atanh", "cosh", "sinh", "exp2"}) {
+        "gelu_backward", "pow.Tensor_Tensor", "pow.Scalar", "atan2", "atanh",
+        "cosh", "sinh", "exp2"}) {
     m.impl(name, chunked());
   }
   for (const char* name : {"sigmoid_",

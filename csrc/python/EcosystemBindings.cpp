@@ -16,6 +16,7 @@
 #include "ember/runtime/device.h"
 #include "observe/MemoryEvents.h"
 #include "ops/CpuAlias.h"
+#include "ops/DeviceScope.h"
 
 namespace py = pybind11;
 
@@ -159,6 +160,12 @@ void bind_ecosystem(py::module& m) {
     TORCH_CHECK(tensor.device().type() == c10::DeviceType::PrivateUse1,
                 "cpu_alias expects an ember tensor, got one on ",
                 tensor.device());
+    // The host reads and writes through the alias: launched work on the
+    // tensor's device must have finished.
+    {
+      py::gil_scoped_release no_gil;
+      synchronize_for_host_read(tensor.device().index());
+    }
     return cpu_alias(tensor);
   });
   m.def("memory_snapshot", &memory_snapshot, py::arg("include_traces") = true);

@@ -19,6 +19,7 @@
 #include "ember/runtime/device.h"
 #include "ember/runtime/stream.h"
 #include "ops/DeviceScope.h"
+#include "ops/LaunchStats.h"
 
 namespace py = pybind11;
 
@@ -111,6 +112,17 @@ void bind_engine(py::module& m) {
   });
   m.def("_engine_forked_with_work_in_flight",
         [] { return rt::forked_with_work_in_flight(); });
+  m.def("launch_stats", [] {
+    py::dict stats;
+    for (const auto& [op, counts] : launch_stats()) {
+      py::dict entry;
+      entry["launched"] = counts.launched;
+      entry["waited"] = counts.waited;
+      stats[py::str(op)] = entry;
+    }
+    return stats;
+  });
+  m.def("reset_launch_stats", &reset_launch_stats);
 }
 
 }  // namespace ember

@@ -54,6 +54,8 @@ void bind_flags(py::module& parent) {
   parent.def("benchmark_cache_info", &benchmark_cache_info);
   parent.def("clear_benchmark_cache", &tuning::clear_cache);
   auto m = parent.def_submodule("flags", "torch.backends.ember switches");
+  m.def("async_execution", &flags::async_execution);
+  m.def("set_async_execution", &flags::set_async_execution);
   m.def("cpu_parity", &flags::cpu_parity);
   m.def("set_cpu_parity", &flags::set_cpu_parity);
   m.def("deterministic", &flags::deterministic_flag);

@@ -191,6 +191,15 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;  // queued work never needs the GIL
     translate_runtime_errors([&] { rt::device(device).synchronize(); });
   });
+  // Host code about to touch ember memory directly (Inductor's C++
+  // kernels): waits for the work launched on the current stream of the
+  // current device. One atomic load when nothing is queued.
+  m.def("wait_for_current_stream", [] {
+    rt::Stream& stream = rt::device(rt::current_device()).streams().current();
+    if (stream.query()) return;
+    py::gil_scoped_release no_gil;
+    translate_runtime_errors([&] { stream.synchronize(); });
+  });
   m.def("device_properties", &device_properties);
   m.def("cpu_features", &cpu_features);
   m.def("default_generator", [](int device) {

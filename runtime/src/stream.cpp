@@ -4,6 +4,7 @@
 // marker that blocks the waiting stream's worker until the event completes.
 #include "ember/runtime/stream.h"
 
+#include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
 
@@ -45,6 +46,26 @@ void check_not_forked_broken() {
   }
 }
 
+// How long a worker whose queue ran empty, or a host thread waiting for a
+// stream, polls before sleeping on its condition variable: ops launched
+// back to back (a model's forward) then cost no futex wake-up. Short
+// enough that an idle device gives its cores back at once.
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(50);
+
+// Most units of work a stream queues before enqueue() waits: deep enough
+// for the host to run a few layers ahead of the worker.
+constexpr std::size_t kMaxQueued = 128;
+
+template <class Done>
+void spin_until(Done&& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+  for (int i = 1;; ++i) {
+    if (done()) return;
+    _mm_pause();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() > deadline) return;
+  }
+}
+
 void pin_to_cores(const std::vector<int>& cores) {
   if (cores.empty()) return;
   cpu_set_t set;
@@ -58,6 +79,12 @@ void pin_to_cores(const std::vector<int>& cores) {
 }
 
 }  // namespace
+
+namespace {
+thread_local bool t_in_stream_worker = false;
+}  // namespace
+
+bool in_stream_worker() { return t_in_stream_worker; }
 
 void set_worker_start_hook(WorkerStartHook hook) {
   worker_start_hook.store(hook, std::memory_order_release);
@@ -108,6 +135,13 @@ bool launch_blocking() {
 
 void Stream::enqueue(const char* name, Work work) {
   check_not_forked_broken();
+  if ((pending_.load(std::memory_order_acquire) & kErrorFlag) != 0)
+      [[unlikely]] {
+    // A launch after failed work reports the failure (as CUDA's next API
+    // call does); the work is not queued.
+    std::unique_lock<std::mutex> lock(mutex_);
+    raise_pending_error(lock);
+  }
   if (launch_blocking()) [[unlikely]] {
     run(work);  // EMBER_LAUNCH_BLOCKING=1: errors surface at the call
     return;
@@ -118,7 +152,38 @@ void Stream::enqueue(const char* name, Work work) {
     run(work);
     return;
   }
+  if (queue_.size() >= kMaxQueued) [[unlikely]] {
+    // The host ran far ahead: wait until the worker has caught up halfway
+    // (as a GPU's launch queue blocks when full). Bounds the memory that
+    // queued work holds, its results included.
+    done_cv_.wait(lock, [this] {
+      return queue_.size() <= kMaxQueued / 2 || worker_ == nullptr;
+    });
+  }
   push(Item{name, std::move(work), false});
+  std::vector<Work> finished = take_finished();
+  lock.unlock();
+  finished.clear();  // destroyed here, outside the lock
+}
+
+std::vector<Stream::Work> Stream::take_finished() {
+  std::vector<Work> finished;
+  finished.swap(finished_);
+  return finished;
+}
+
+void Stream::collect_finished() {
+  std::vector<Work> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    finished = take_finished();
+  }
+}
+
+void Stream::spin_for_work() {
+  spin_until([this] {
+    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0;
+  });
 }
 
 // Caller holds mutex_.
@@ -135,6 +200,7 @@ void Stream::push(Item item) {
 }
 
 void Stream::worker_loop() {
+  t_in_stream_worker = true;
   if (config_ != nullptr) pin_to_cores(config_->cores);
   try {
     set_current_device(device_index_);
@@ -150,6 +216,11 @@ void Stream::worker_loop() {
   }
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    if (queue_.empty() && !stopping_) {
+      lock.unlock();
+      spin_for_work();
+      lock.lock();
+    }
     work_cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
     if (queue_.empty()) return;  // stopping, and everything ran
     Item item = std::move(queue_.front());
@@ -166,10 +237,10 @@ void Stream::worker_loop() {
         error = "unknown exception";
       }
     }
-    // Released before the work counts as done: what it captured (tensors)
-    // is freed by the time a synchronize returns.
-    item.work = nullptr;
     lock.lock();
+    // Kept for the submitting side to destroy (collect_finished); a
+    // synchronize destroys it before it returns.
+    finished_.push_back(std::move(item.work));
     if (!error.empty() && error_.empty()) {
       error_ = "ember:" + std::to_string(device_index_) + " stream " +
                std::to_string(id_) + ": asynchronous error in " +
@@ -185,6 +256,13 @@ void Stream::worker_loop() {
 
 // Caller holds `lock` on mutex_.
 void Stream::wait_idle(std::unique_lock<std::mutex>& lock) {
+  if ((pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0) {
+    lock.unlock();
+    spin_until([this] {
+      return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
+    });
+    lock.lock();
+  }
   done_cv_.wait(lock, [this] {
     return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
   });
@@ -199,17 +277,14 @@ void Stream::raise_pending_error(std::unique_lock<std::mutex>& lock) {
   throw AsyncError(message);
 }
 
-void Stream::wait_queue_for_run() {
-  check_not_forked_broken();
-  std::unique_lock<std::mutex> lock(mutex_);
-  wait_idle(lock);
-  raise_pending_error(lock);
-}
+void Stream::wait_queue_for_run() { synchronize(); }
 
 void Stream::synchronize() {
   check_not_forked_broken();
+  std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
+  finished = take_finished();
   raise_pending_error(lock);
 }
 
@@ -323,6 +398,10 @@ void StreamPool::synchronize_all() {
     }
   }
   if (first_error) std::rethrow_exception(first_error);
+}
+
+void StreamPool::collect_finished() {
+  for (Stream* stream : snapshot(mutex_, streams_)) stream->collect_finished();
 }
 
 void StreamPool::shutdown_all() {

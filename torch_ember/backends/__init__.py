@@ -219,6 +219,10 @@ def _set_packed_weights_limit(value: Any) -> None:
 
 # name -> (getter, setter-with-validation)
 _PROPERTIES: dict[str, tuple[Any, Any]] = {
+    "async_execution": (
+        _flags.async_execution,
+        lambda v: _flags.set_async_execution(_check_bool("async_execution", v)),
+    ),
     "cpu_parity": (
         _flags.cpu_parity,
         lambda v: _flags.set_cpu_parity(_check_bool("cpu_parity", v)),
@@ -275,6 +279,15 @@ def current_flags() -> dict[str, Any]:
     return {name: getter() for name, (getter, _) in _switches().items()}
 
 
+def _finish_queued_work() -> None:
+    """Work already launched runs under the settings it was launched with:
+    a switch changes only after every device's queued work has finished."""
+    if _C._configuration_error() is not None:
+        return
+    for device in range(_C.device_count()):
+        _C.synchronize(device)
+
+
 def set_flags(**settings: Any) -> dict[str, Any]:
     """Sets several switches at once and returns their previous values (as
     flags() keywords, so ``set_flags(**previous)`` undoes it). Every name is
@@ -285,6 +298,7 @@ def set_flags(**settings: Any) -> dict[str, Any]:
         if name not in known:
             raise _no_such_attribute("torch.backends.ember.flags()", name, sorted(known))
     previous = {name: known[name][0]() for name in settings}
+    _finish_queued_work()
     applied: list[str] = []
     try:
         for name, value in settings.items():
@@ -300,7 +314,7 @@ def set_flags(**settings: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def flags(**settings: Any) -> Iterator[None]:
     """Sets several switches for the body and restores all of them on exit,
-    also when the body raises. Keywords: cpu_parity, deterministic, benchmark,
+    also when the body raises. Keywords: async_execution, cpu_parity, deterministic, benchmark,
     benchmark_limit, packed_weights_limit, fallback, matmul_fp32_precision, conv_fp32_precision,
     blas_library, verbose, flash_sdp, math_sdp.
 
@@ -338,6 +352,7 @@ class _EmberBackendModule(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _PROPERTIES:
+            _finish_queued_work()
             _PROPERTIES[name][1](value)
             return
         if name.startswith("__") and name.endswith("__"):

@@ -70,7 +70,9 @@ class _EmberWrapperLines:
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if device.type == DEVICE_TYPE and not kwargs.get("triton", True):
-            # a C++ kernel: a plain call on host pointers, as on CPU
+            # a C++ kernel: a plain call on host pointers, as on CPU, once the
+            # ops launched before it on the stream (extern kernels) have run
+            self.writeline(f"{_wait_for_stream_name(self)}()")
             self.writeline(self.wrap_kernel_call(kernel_name, call_args))
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
@@ -86,6 +88,18 @@ def _device_name(wrapper: PythonWrapperCodegen, index: int) -> str:
     if index not in written:
         written.add(index)
         root.header.writeline(f"{name} = torch.device('{DEVICE_TYPE}', {index})")
+    return name
+
+
+def _wait_for_stream_name(wrapper: PythonWrapperCodegen) -> str:
+    """The generated code's name for ``torch_ember._C.wait_for_current_stream``."""
+    root = wrapper
+    while isinstance(root, SubgraphPythonWrapperCodegen):
+        root = root.parent_wrapper
+    name = "ember_wait_for_stream"
+    if not root.__dict__.get("_ember_wait_imported"):
+        root.__dict__["_ember_wait_imported"] = True
+        root.header.writeline(f"from torch_ember._C import wait_for_current_stream as {name}")
     return name
 
 

@@ -138,4 +138,3 @@ def use_device_cores(device: Any = None) -> list[int]:
     core_ids = list(_C.device_properties(index)["core_ids"])
     assert cores == len(core_ids)
     return core_ids
-

@@ -11,9 +11,13 @@
 #include <ATen/ops/empty_like.h>
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/CpuAlias.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/attention/AttentionKernel.h"
@@ -75,6 +79,43 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
   return p;
 }
 
+// ember's kernel launched on the stream: results allocated here in CPU's
+// layouts (see flash_attention), the kernel run by the worker on the
+// operands' CPU aliases. nullopt for an output layout the kernel cannot
+// write directly.
+std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
+    const attn::Problem& problem, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask) {
+  at::Tensor out = at::empty_like(q);
+  if (out.stride(3) != 1 && problem.v_dim != 1) return std::nullopt;
+  at::Tensor lse =
+      at::empty({problem.batch, problem.q_len, problem.heads}, q.options())
+          .transpose(1, 2);
+  std::vector<at::Tensor> operands = {cpu_alias(q), cpu_alias(k), cpu_alias(v)};
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    operands.push_back(cpu_alias(*attn_mask));
+  }
+  static const std::string name =
+      "aten::_scaled_dot_product_flash_attention_for_cpu";
+  launch_on_device(
+      q.device().index(), name.c_str(),
+      [p = problem, operands = std::move(operands), out_cpu = cpu_alias(out),
+       lse_cpu = cpu_alias(lse)]() mutable {
+        p.out = out_cpu.mutable_data_ptr<float>();
+        p.out_batch_stride = out_cpu.stride(0);
+        p.out_head_stride = out_cpu.stride(1);
+        p.out_row_stride = out_cpu.stride(2);
+        p.logsumexp = lse_cpu.mutable_data_ptr<float>();
+        p.lse_batch_stride = lse_cpu.stride(0);
+        p.lse_head_stride = lse_cpu.stride(1);
+        p.lse_row_stride = lse_cpu.stride(2);
+        attn::forward(p);
+      });
+  count_launch(name);
+  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
+  return std::make_tuple(std::move(out), std::move(lse));
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
@@ -100,6 +141,12 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         Op, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
         bool, const std::optional<at::Tensor>&, std::optional<double>>(
         query, key, value, dropout_p, is_causal, attn_mask, scale);
+  }
+  if (launch_async() && query.device() == key.device() &&
+      query.device() == value.device()) {
+    if (auto launched = launch_flash(*problem, query, key, value, attn_mask)) {
+      return *std::move(launched);
+    }
   }
   auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
       "aten::_scaled_dot_product_flash_attention_for_cpu",

@@ -3,8 +3,11 @@
 // work on aliases: any strides, dtype conversion and offset it supports.
 #include <ATen/ops/_local_scalar_dense.h>
 
+#include <string>
+
 #include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
+#include "ops/LaunchStats.h"
 #include "ops/kernels/EmberKernels.h"
 
 namespace ember::kernels {
@@ -24,6 +27,20 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   if (non_blocking && enqueue_pinned_upload(self, dst)) return dst;
   const c10::DeviceIndex device =
       dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  // Within one device: launched on the stream, like any other op (copy_
+  // has made its checks; distinct storages cannot partially overlap).
+  if (launch_async() && self.is_privateuseone() && dst.is_privateuseone() &&
+      self.device() == dst.device() &&
+      !self.storage().is_alias_of(dst.storage())) {
+    launch_on_device(
+        device, "aten::copy_",
+        [src_cpu = cpu_alias(self), dst_cpu = cpu_alias(dst)]() mutable {
+          dst_cpu.copy_(src_cpu);
+        });
+    static const std::string name = "aten::copy_";
+    count_launch(name);
+    return dst;
+  }
   // Reading ember memory from the host or another device: a
   // synchronisation point for the work queued on the source device.
   if (self.is_privateuseone() &&

@@ -50,9 +50,11 @@
 #include "ops/CpuDelegation.h"
 #include "ops/DelegationCall.h"
 #include "ops/DeviceScope.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicCommon.h"
 #include "ops/kernels/DeterministicReduce.h"
+#include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/SerialScope.h"
 
 namespace ember::kernels::deterministic {
@@ -355,8 +357,9 @@ at::Tensor rows_along(const at::Tensor& x, int64_t dim) {
 
 at::Tensor softmax(T self, int64_t dim, bool half_to_float) {
   if (!flags::deterministic() || inner_size(self, dim) == 1) {
-    return functional<ops::_softmax, T, int64_t, bool>(self, dim,
-                                                       half_to_float);
+    return unboxed::launched<ops::_softmax, unboxed::OutForm<ops::_softmax_out>,
+                             layouts::Softmax, T, int64_t, bool>(self, dim,
+                                                                 half_to_float);
   }
   return on_aliases(
       "ember::deterministic::_softmax",
@@ -389,7 +392,9 @@ at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
 
 at::Tensor gelu(T self, c10::string_view approximate) {
   if (!flags::deterministic() || approximate != "tanh") {
-    return functional<ops::gelu, T, c10::string_view>(self, approximate);
+    return unboxed::launched<ops::gelu, unboxed::OutForm<ops::gelu_out>,
+                             layouts::Gelu, T, c10::string_view>(self,
+                                                                 approximate);
   }
   return on_aliases(
       "ember::deterministic::gelu",

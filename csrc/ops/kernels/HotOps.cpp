@@ -1,23 +1,29 @@
 // Unboxed registrations for the ops that dominate small-tensor workloads
-// (elementwise arithmetic, softmax, layer norm, activations). Each is
-// exactly the CPU delegation (the matmul family is in Matmul.cpp), minus the
-// cost of boxing its arguments.
+// (elementwise arithmetic, softmax, activations; layer norm is in
+// LayerNorm.cpp, the matmul family in Matmul.cpp). Each runs CPU's kernel,
+// launched on the stream (ops/LaunchedOps.h) or, where that does not apply,
+// through the synchronous delegation, without boxing its arguments.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_log_softmax_ops.h>
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
+#include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/div_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/mul_ops.h>
-#include <ATen/ops/native_layer_norm_ops.h>
+#include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
+#include "flags/BackendFlags.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicOps.h"
 #include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/OpLayouts.h"
 
 namespace ember {
 namespace {
@@ -25,26 +31,66 @@ namespace {
 // Exact C++ parameter types of the schemas (the dispatcher checks them).
 using T = const at::Tensor&;
 using S = const at::Scalar&;
-using OptT = const std::optional<at::Tensor>&;
+
+namespace ops = at::_ops;
+
+// relu's CPU kernel is clamp_min(self, 0).
+struct ReluKernel {
+  static void run(at::Tensor& out, const at::Tensor& self) {
+    ops::clamp_min_out::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   self, 0, out);
+  }
+};
+
+// pow(tensor, scalar): launched, or under determinism the chunked
+// elementwise path (ops/RegisterDeterministicOps.cpp).
+at::Tensor pow_tensor_scalar(T self, S exponent) {
+  if (flags::deterministic()) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::pow",
+                                                       "Tensor_Scalar");
+    torch::jit::Stack stack{self, exponent};
+    kernels::deterministic::elementwise_when_deterministic(
+        op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return stack.back().toTensor();
+  }
+  return unboxed::launched<ops::pow_Tensor_Scalar,
+                           unboxed::OutForm<ops::pow_Tensor_Scalar_out>,
+                           kernels::layouts::PowScalar, T, S>(self, exponent);
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
-  namespace ops = at::_ops;
-  m.impl("add.Tensor", TORCH_FN((functional<ops::add_Tensor, T, T, S>)));
-  m.impl("sub.Tensor", TORCH_FN((functional<ops::sub_Tensor, T, T, S>)));
-  m.impl("mul.Tensor", TORCH_FN((functional<ops::mul_Tensor, T, T>)));
-  m.impl("div.Tensor", TORCH_FN((functional<ops::div_Tensor, T, T>)));
-  m.impl("add_.Tensor", TORCH_FN((inplace<ops::add__Tensor, T, S>)));
-  m.impl("mul_.Tensor", TORCH_FN((inplace<ops::mul__Tensor, T>)));
+  namespace lay = kernels::layouts;
+  m.impl("add.Tensor",
+         TORCH_FN((launched<ops::add_Tensor, OutForm<ops::add_out>, lay::Add, T,
+                            T, S>)));
+  m.impl("sub.Tensor",
+         TORCH_FN((launched<ops::sub_Tensor, OutForm<ops::sub_out>, lay::Sub, T,
+                            T, S>)));
+  m.impl(
+      "mul.Tensor",
+      TORCH_FN(
+          (launched<ops::mul_Tensor, OutForm<ops::mul_out>, lay::Mul, T, T>)));
+  m.impl(
+      "div.Tensor",
+      TORCH_FN(
+          (launched<ops::div_Tensor, OutForm<ops::div_out>, lay::Div, T, T>)));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(pow_tensor_scalar));
+  m.impl("argmax",
+         TORCH_FN((launched<ops::argmax, OutForm<ops::argmax_out>, lay::Argmax,
+                            T, std::optional<int64_t>, bool>)));
+  m.impl("add_.Tensor",
+         TORCH_FN((launched_inplace<ops::add__Tensor, lay::AddInplace, T, S>)));
+  m.impl("mul_.Tensor",
+         TORCH_FN((launched_inplace<ops::mul__Tensor, lay::MulInplace, T>)));
   // Under determinism these two take a fixed-order path (DeterministicOps).
   m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
   m.impl("_log_softmax",
-         TORCH_FN((functional<ops::_log_softmax, T, int64_t, bool>)));
-  m.impl("native_layer_norm",
-         TORCH_FN((functional<ops::native_layer_norm, T, c10::SymIntArrayRef,
-                              OptT, OptT, double>)));
+         TORCH_FN((launched<ops::_log_softmax, OutForm<ops::_log_softmax_out>,
+                            lay::LogSoftmax, T, int64_t, bool>)));
   m.impl("gelu", TORCH_FN(kernels::deterministic::gelu));
-  m.impl("relu", TORCH_FN((functional<ops::relu, T>)));
+  m.impl("relu", TORCH_FN((launched<ops::relu, ReluKernel, lay::Relu, T>)));
   m.impl("tanh", TORCH_FN(kernels::tanh));
 }
 

@@ -6,11 +6,15 @@
 #include <ATen/ops/tanh_ops.h>
 
 #include <optional>
+#include <string>
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/CpuAlias.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
+#include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 
 namespace ember::kernels {
@@ -42,7 +46,21 @@ std::optional<at::MemoryFormat> own_kernel_layout(const at::Tensor& self) {
 at::Tensor tanh(const at::Tensor& self) {
   const std::optional<at::MemoryFormat> layout = own_kernel_layout(self);
   if (!layout) {
-    return unboxed::functional<at::_ops::tanh, const at::Tensor&>(self);
+    return unboxed::launched<at::_ops::tanh,
+                             unboxed::OutForm<at::_ops::tanh_out>,
+                             layouts::Tanh, const at::Tensor&>(self);
+  }
+  if (launch_async()) {
+    at::Tensor out = at::empty(self.sizes(), self.options(), *layout);
+    static const std::string name = "aten::tanh";
+    launch_on_device(self.device().index(), name.c_str(),
+                     [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
+                       tanh_f32(x.const_data_ptr<float>(),
+                                out_cpu.mutable_data_ptr<float>(), x.numel());
+                     });
+    count_launch(name);
+    observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
+    return out;
   }
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::tanh",

@@ -5,7 +5,9 @@
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
+#include "ops/LaunchStats.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
@@ -171,8 +173,25 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return std::nullopt;
   if (route->packed->onednn.defined()) return run_onednn(*route, a);
+  const c10::DeviceIndex device = a.device().index();
   at::Tensor out;
-  run_on_device(a.device().index(), [&] {
+  if (launch_async()) {
+    // The skinny kernel reads and writes raw memory: the launched work
+    // keeps CPU aliases (they hold the ember storages) and the pack.
+    out = at::empty({a.size(0), b.size(1)}, a.options());
+    Plan kept = *route;
+    if (kept.bias) kept.bias = cpu_alias(*kept.bias);
+    launch_on_device(
+        device, "aten::addmm (skinny)",
+        [kept = std::move(kept), a_cpu = cpu_alias(a),
+         out_cpu = cpu_alias(out)] { run_skinny(kept, a_cpu, out_cpu); });
+    static const std::string name = "aten::addmm (skinny)";
+    count_launch(name);
+    observe::mark_path(observe::ExecutionPath::kNative,
+                       kept.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
+    return out;
+  }
+  run_on_device(device, [&] {
     out = at::empty({a.size(0), b.size(1)}, a.options());
     run_skinny(*route, a, out);
   });

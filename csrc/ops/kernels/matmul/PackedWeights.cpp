@@ -12,6 +12,7 @@
 
 #include "core/CpuAllocationCapture.h"
 #include "core/EmberAllocator.h"
+#include "ops/DeviceScope.h"
 
 namespace ember::matmul {
 namespace {
@@ -190,6 +191,10 @@ class PackCache {
     packed->bytes = static_cast<size_t>(w.numel()) * w.element_size();
     if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
     packed->device = w.device().index();
+    // Packing reads the weight on this thread: work still queued may be
+    // writing it. (Packing runs only on submitting threads, never in
+    // launched work, so waiting here under the cache lock cannot deadlock.)
+    synchronize_for_host_read(packed->device);
     const at::Tensor cpu_weight =
         at::from_blob(const_cast<void*>(w.const_data_ptr()), w.sizes(),
                       w.strides(), at::TensorOptions().dtype(w.scalar_type()));
@@ -218,6 +223,7 @@ class PackCache {
     if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
+    synchronize_for_host_read(device);  // as in pack_with
     const float* data = b.const_data_ptr<float>();
     try {
       if (kind == PackKind::kOneDnn || kind == PackKind::kOneDnnBf16) {

@@ -98,7 +98,8 @@ class Stream final {
   }
 
   // Queues `work`; `name` (a string literal or otherwise static) names it in
-  // an AsyncError. Runs inline once the engine is shut down.
+  // an AsyncError. Runs inline once the engine is shut down. Raises (and
+  // queues nothing) when earlier work failed and its error is unreported.
   void enqueue(const char* name, Work work);
 
   // Units of work completed (run or queued).
@@ -111,6 +112,13 @@ class Stream final {
   }
   // Waits for the queued work, then raises a pending AsyncError.
   void synchronize();
+
+  // Destroys, on the calling thread, the work the worker has finished.
+  // Finished work is not destroyed by the worker: what it captured
+  // (tensors) may be the last reference to memory whose release needs the
+  // submitting side (Python-owned storages take the GIL), so it is released
+  // here, by enqueue() and by the synchronisation points.
+  void collect_finished();
 
   // Stops the worker after it has run everything queued (idempotent); later
   // work runs inline. Called at exit for every device.
@@ -139,6 +147,12 @@ class Stream final {
   void wait_queue_for_run();
   void wait_idle(std::unique_lock<std::mutex>& lock);
   void raise_pending_error(std::unique_lock<std::mutex>& lock);
+  // Moves finished work out (caller holds the lock); destroyed by the
+  // caller after unlocking.
+  std::vector<Work> take_finished();
+  // The worker, with the queue empty: polls briefly for new work before it
+  // sleeps (a launch right behind the last one costs no wake-up).
+  void spin_for_work();
   // Blocks until `state` is complete (its marker ran on this stream).
   void wait_for(const EventState& state);
 
@@ -155,6 +169,7 @@ class Stream final {
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
   std::deque<Item> queue_;
+  std::vector<Work> finished_;     // run by the worker, destroyed by submitters
   std::thread* worker_ = nullptr;  // leaked in a forked child
   bool stopping_ = false;
   bool shut_down_ = false;
@@ -177,6 +192,8 @@ class StreamPool final {
   Stream& current();
   void set_current(StreamId id);
   void synchronize_all();
+  // Stream::collect_finished on every stream.
+  void collect_finished();
   void shutdown_all();
 
   // fork() support, as CachingAllocator::lock_for_fork; also takes (and
@@ -229,6 +246,10 @@ class Event final {
   Stream* stream_ = nullptr;
   std::shared_ptr<EventState> state_;
 };
+
+// True on a stream's worker thread (queued work must never wait for its own
+// device's queues).
+bool in_stream_worker();
 
 // True in a child forked while queued work was in flight (every stream
 // operation then raises ForkedWithWorkInFlight).

@@ -1,0 +1,188 @@
+// Asynchronous ("launched") forms of the unboxed delegation
+// (ops/UnboxedDelegation.h), for ops whose result layout ember knows before
+// the kernel runs. The calling thread checks the arguments, works out the
+// result's sizes, strides and dtype from ATen's C++ meta function of the op
+// (the structured kernel's own shape logic: the same checks and errors as
+// the CPU kernel), allocates the result on the device and queues the CPU
+// kernel's out= form on the current stream; the stream's worker runs it.
+//
+// Anything that does not fit falls back to the synchronous delegation, which
+// then produces the result or the error exactly as before: async execution
+// off, an argument that is a host tensor the kernel would read later (other
+// than a 0-dim scalar, which is copied), or a meta function that raises.
+//
+// Use: m.impl("add.Tensor", TORCH_FN((launched<ops::add_Tensor, ops::add_out,
+//                                     meta::Add, ARGS...>)));
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
+
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ops/DeviceScope.h"
+#include "ops/LaunchStats.h"
+#include "ops/UnboxedDelegation.h"
+
+namespace ember::unboxed {
+
+// An argument kept by queued work: tensors as CPU aliases (or copied host
+// scalars), array and string views as owning copies.
+template <class T>
+struct Kept {
+  using type = std::decay_t<T>;
+};
+template <>
+struct Kept<c10::string_view> {
+  using type = std::string;
+};
+template <>
+struct Kept<c10::IntArrayRef> {
+  using type = std::vector<int64_t>;
+};
+template <>
+struct Kept<c10::SymIntArrayRef> {
+  using type = std::vector<c10::SymInt>;
+};
+template <>
+struct Kept<at::OptionalIntArrayRef> {
+  using type = std::optional<std::vector<int64_t>>;
+};
+template <class T>
+using kept_t = typename Kept<T>::type;
+
+// What the kernel gets back from a kept argument.
+template <class T>
+const T& use(const T& value) {
+  return value;
+}
+inline c10::string_view use(const std::string& value) { return value; }
+inline c10::IntArrayRef use(const std::vector<int64_t>& value) { return value; }
+inline c10::SymIntArrayRef use(const std::vector<c10::SymInt>& value) {
+  return value;
+}
+inline at::OptionalIntArrayRef use(
+    const std::optional<std::vector<int64_t>>& value) {
+  if (!value) return std::nullopt;
+  return c10::IntArrayRef(*value);
+}
+
+// A tensor argument for queued work: its CPU alias. A host tensor is kept
+// only if it is a 0-dim scalar (copied, so a later write by the caller
+// cannot reach the kernel); any other makes the call synchronous.
+inline at::Tensor keep(DelegationCall& call, const at::Tensor& t,
+                       bool& launchable) {
+  if (!t.defined() || t.is_privateuseone()) return call.to_cpu(t, false);
+  at::Tensor host = call.to_cpu(t, false);  // device checks
+  if (host.dim() != 0) {
+    launchable = false;
+    return host;
+  }
+  return host.unsafeGetTensorImpl()->is_wrapped_number() ? host : host.clone();
+}
+inline std::optional<at::Tensor> keep(DelegationCall& call,
+                                      const std::optional<at::Tensor>& t,
+                                      bool& launchable) {
+  if (!t.has_value()) return std::nullopt;
+  return keep(call, *t, launchable);
+}
+template <class T>
+kept_t<T> keep(DelegationCall&, const T& value, bool&) {
+  if constexpr (std::is_same_v<kept_t<T>, std::decay_t<T>>) {
+    return value;
+  } else if constexpr (std::is_same_v<T, at::OptionalIntArrayRef>) {
+    if (!value.has_value()) return std::nullopt;
+    return value->vec();
+  } else {
+    return kept_t<T>(value.begin(), value.end());
+  }
+}
+
+// A fresh ember tensor laid out as `meta` (the meta function's result).
+at::Tensor empty_like_meta(const at::Tensor& meta, c10::DeviceIndex device);
+
+// The CPU kernel of an out= overload, as launched work runs it.
+template <class OutOp>
+struct OutForm {
+  template <class... A>
+  static void run(at::Tensor& out, const A&... args) {
+    OutOp::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), args..., out);
+  }
+};
+
+// An op returning one new tensor. `Kernel::run(out, args...)` computes it
+// into `out` (OutForm<its out= overload>, usually), `Meta::infer(args...)`
+// returns the result's layout as a meta tensor.
+template <class Op, class Kernel, class Meta, class... Args>
+at::Tensor launched(Args... args) {
+  if (!launch_async()) return functional<Op, Args...>(args...);
+  at::Tensor out;
+  {
+    DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
+    bool launchable = true;
+    std::tuple<kept_t<Args>...> kept{keep(call, args, launchable)...};
+    call.settle();
+    if (!launchable) return functional<Op, Args...>(args...);
+    at::Tensor meta;
+    try {
+      meta = std::apply([](const auto&... a) { return Meta::infer(use(a)...); },
+                        kept);
+    } catch (const std::exception&) {
+      // The synchronous kernel raises the error itself, in its own words.
+      return functional<Op, Args...>(args...);
+    }
+    const c10::DeviceIndex device = call.device();
+    out = empty_like_meta(meta, device);
+    launch_on_device(device, op_name<Op>().c_str(),
+                     [kept = std::move(kept), out_cpu = cpu_alias(out)] {
+                       std::apply(
+                           [&](const auto&... a) {
+                             Kernel::run(const_cast<at::Tensor&>(out_cpu),
+                                         use(a)...);
+                           },
+                           kept);
+                     });
+  }
+  count_launch(op_name<Op>());
+  return out;
+}
+
+// An op that writes into its first argument. `Meta::infer(self, args...)`
+// runs the op's in-place meta function on the alias of self (its checks:
+// shapes, dtype casting, overlap), raising what the CPU kernel would.
+template <class Op, class Meta, class... Args>
+at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
+  if (!launch_async()) return inplace<Op, Args...>(self, args...);
+  {
+    DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
+    at::Tensor self_cpu = call.to_cpu(self, /*written=*/true);
+    bool launchable = true;
+    std::tuple<kept_t<Args>...> kept{keep(call, args, launchable)...};
+    call.settle();
+    if (!launchable) return inplace<Op, Args...>(self, args...);
+    try {
+      std::apply([&](const auto&... a) { Meta::infer(self_cpu, use(a)...); },
+                 kept);
+    } catch (const std::exception&) {
+      return inplace<Op, Args...>(self, args...);
+    }
+    launch_on_device(call.device(), op_name<Op>().c_str(),
+                     [kept = std::move(kept), self_cpu]() mutable {
+                       std::apply(
+                           [&](const auto&... a) {
+                             Op::redispatch(
+                                 c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                 self_cpu, use(a)...);
+                           },
+                           kept);
+                     });
+  }
+  count_launch(op_name<Op>());
+  return self;
+}
+
+}  // namespace ember::unboxed

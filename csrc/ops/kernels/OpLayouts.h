@@ -1,0 +1,86 @@
+// Result layouts of the launched hot ops (ops/LaunchedOps.h), from ATen's
+// C++ meta functions: the structured kernels' own shape, dtype and stride
+// logic and argument checks, run on the CPU aliases without touching data.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_log_softmax_meta_dispatch.h>
+#include <ATen/ops/_softmax_meta_dispatch.h>
+#include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/argmax_meta_dispatch.h>
+#include <ATen/ops/clamp_min_meta_dispatch.h>
+#include <ATen/ops/div_meta_dispatch.h>
+#include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/pow_meta_dispatch.h>
+#include <ATen/ops/sub_meta_dispatch.h>
+#include <ATen/ops/tanh_meta_dispatch.h>
+
+namespace ember::kernels::layouts {
+
+using T = const at::Tensor&;
+using S = const at::Scalar&;
+
+struct Add {
+  static at::Tensor infer(T a, T b, S alpha) {
+    return at::meta::add(a, b, alpha);
+  }
+};
+struct Sub {
+  static at::Tensor infer(T a, T b, S alpha) {
+    return at::meta::sub(a, b, alpha);
+  }
+};
+struct Mul {
+  static at::Tensor infer(T a, T b) { return at::meta::mul(a, b); }
+};
+struct Div {
+  static at::Tensor infer(T a, T b) { return at::meta::div(a, b); }
+};
+struct AddInplace {
+  static void infer(at::Tensor& self, T other, S alpha) {
+    at::meta::add_(self, other, alpha);
+  }
+};
+struct MulInplace {
+  static void infer(at::Tensor& self, T other) { at::meta::mul_(self, other); }
+};
+// relu is clamp_min(self, 0) on CPU, after refusing bool.
+struct Relu {
+  static at::Tensor infer(T self) {
+    TORCH_CHECK(self.scalar_type() != at::kBool,
+                "Boolean inputs not supported for relu");
+    return at::meta::clamp_min(self, 0);
+  }
+};
+struct Gelu {
+  static at::Tensor infer(T self, c10::string_view approximate) {
+    return at::meta::gelu(self, approximate);
+  }
+};
+struct Softmax {
+  static at::Tensor infer(T self, int64_t dim, bool half_to_float) {
+    return at::meta::_softmax(self, dim, half_to_float);
+  }
+};
+struct LogSoftmax {
+  static at::Tensor infer(T self, int64_t dim, bool half_to_float) {
+    return at::meta::_log_softmax(self, dim, half_to_float);
+  }
+};
+
+struct Tanh {
+  static at::Tensor infer(T self) { return at::meta::tanh(self); }
+};
+struct PowScalar {
+  static at::Tensor infer(T self, S exponent) {
+    return at::meta::pow(self, exponent);
+  }
+};
+struct Argmax {
+  static at::Tensor infer(T self, std::optional<int64_t> dim, bool keepdim) {
+    return at::meta::argmax(self, dim, keepdim);
+  }
+};
+
+}  // namespace ember::kernels::layouts
