@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -123,6 +124,79 @@ TEST(Engine, ErrorIsRaisedByTheNextRun) {
       error_of([&] { stream.run([&] { ran = true; }); });
   EXPECT_NE(message.find("aten::fail"), std::string::npos) << message;
   EXPECT_FALSE(ran);
+}
+
+TEST(Engine, ErrorIsRaisedByTheNextEnqueueWhichQueuesNothing) {
+  StreamPool pool(0);
+  Stream& stream = pool.default_stream();
+  stream.enqueue("aten::fail", [] { throw std::runtime_error("oops"); });
+  ASSERT_TRUE(eventually([&] { return stream.query(); }));
+  bool ran = false;
+  const std::string message =
+      error_of([&] { stream.enqueue("aten::next", [&] { ran = true; }); });
+  EXPECT_NE(message.find("aten::fail"), std::string::npos) << message;
+  stream.synchronize();
+  EXPECT_FALSE(ran);
+}
+
+// Records the thread that destroys it.
+struct DestroyedOn {
+  std::shared_ptr<std::thread::id> where;
+  explicit DestroyedOn(std::shared_ptr<std::thread::id> w)
+      : where(std::move(w)) {}
+  DestroyedOn(const DestroyedOn&) = default;
+  ~DestroyedOn() {
+    if (where.use_count() == 2) *where = std::this_thread::get_id();
+  }
+};
+
+TEST(Engine, FinishedWorkIsDestroyedBySubmittingThreadsNotTheWorker) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  auto where = std::make_shared<std::thread::id>();
+  std::thread::id worker;
+  {
+    DestroyedOn marker(where);
+    stream.enqueue("work",
+                   [marker, &worker] { worker = std::this_thread::get_id(); });
+  }
+  stream.synchronize();  // destroys finished work on this thread
+  EXPECT_EQ(*where, std::this_thread::get_id());
+  EXPECT_NE(*where, worker);
+}
+
+TEST(Engine, EnqueueWaitsWhenTheQueueIsFull) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  std::atomic<int> submitted{0};
+  std::atomic<int> ran{0};
+  std::thread producer([&] {
+    stream.enqueue("gate", [opened] { opened.wait(); });
+    for (int i = 0; i < 1000; ++i) {
+      stream.enqueue("count", [&ran] { ++ran; });
+      ++submitted;
+    }
+  });
+  // The producer stops well short of 1000 while the worker is held.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_LT(submitted.load(), 200);
+  EXPECT_GT(submitted.load(), 0);
+  gate.set_value();
+  producer.join();
+  stream.synchronize();
+  EXPECT_EQ(ran.load(), 1000);
+}
+
+TEST(Engine, WorkersKnowTheyAreWorkers) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  std::atomic<bool> inside{false};
+  stream.enqueue("probe", [&inside] { inside = in_stream_worker(); });
+  stream.synchronize();
+  EXPECT_TRUE(inside);
+  EXPECT_FALSE(in_stream_worker());
 }
 
 TEST(Engine, EventCompletesWhenThePrecedingWorkFinishes) {
