@@ -204,9 +204,11 @@ def cases(quick: bool) -> list[Case]:
 def _sample(fn: Callable, inputs: tuple, number: int, on: bool) -> float:
     _C.flags.set_deterministic(on)
     try:
+        torch.ember.synchronize()
         start = time.perf_counter()
         for _ in range(number):
             fn(*inputs)
+        torch.ember.synchronize()  # launched ops have run
         return (time.perf_counter() - start) / number
     finally:
         _C.flags.set_deterministic(False)
@@ -214,8 +216,10 @@ def _sample(fn: Callable, inputs: tuple, number: int, on: bool) -> float:
 
 def _calibrate(fn: Callable, inputs: tuple, budget: float = 0.02) -> int:
     fn(*inputs)
+    torch.ember.synchronize()
     start = time.perf_counter()
     fn(*inputs)
+    torch.ember.synchronize()
     once = max(time.perf_counter() - start, 1e-7)
     return max(1, min(1000, int(budget / once)))
 

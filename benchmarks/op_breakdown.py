@@ -12,6 +12,9 @@
   CPU's own ATen kernel (bitwise equal to CPU). Left out, with a note, where
   the build has no ``cpu_parity`` switch.
 
+Both modes run every op at its call (``async_execution=False``), so each
+op's kernel time is inside its own profiler event.
+
 Per mode: ``--warmup`` runs, the wall time of ``--runs`` runs without the
 profiler (median per run), then ``--runs`` runs under ``torch.profiler``
 (CPU activity). The table lists, per op, the self CPU time per run (time in
@@ -75,9 +78,16 @@ def has_cpu_parity() -> bool:
 
 def modes() -> dict[str, dict]:
     """mode name -> torch.backends.ember.flags() settings."""
+    # Ops run at their call (async_execution off): a launched op's kernel runs
+    # on the stream's worker through a redispatch the CPU profiler does not
+    # see, so its time would be charged to whichever op waits for it.
+    sync = {"async_execution": False} if hasattr(torch.backends.ember, "async_execution") else {}
     if not has_cpu_parity():
-        return {"default": {}}
-    return {"default": {"cpu_parity": False}, "cpu_parity": {"cpu_parity": True}}
+        return {"default": dict(sync)}
+    return {
+        "default": {"cpu_parity": False, **sync},
+        "cpu_parity": {"cpu_parity": True, **sync},
+    }
 
 
 # --------------------------------------------------------------------------- measuring

@@ -133,3 +133,22 @@ def test_backward_kernels_are_recorded(n):
             (x @ x).sum().backward()
     names = [e.name for e in prof.events() if e.name.startswith("ember::")]
     assert sum(name.startswith("ember::mm [") for name in names) >= 3 * n  # fwd + 2 bwd
+
+
+def test_a_launched_op_is_recorded_when_the_worker_ran_it():
+    # The add is launched behind a 0.2 s sleep queued on the stream: its
+    # device event starts when the worker reached it, long after the CPU op
+    # (the launch) returned.
+    from torch_ember import _C
+
+    x = torch.ones(1000, device="ember")
+    with profile(activities=BOTH) as prof:
+        _C._engine_enqueue_sleep(0, 0, 0.2)
+        y = x + 1
+        torch.ember.synchronize()
+    assert torch.equal(y.cpu(), torch.full((1000,), 2.0))
+    kernels = [e for e in prof.events() if e.name.startswith("ember::add [")]
+    launches = [e for e in prof.events() if e.name == "aten::add"]
+    assert len(kernels) == 1 and len(launches) == 1
+    gap_us = kernels[0].time_range.start - launches[0].time_range.end
+    assert gap_us > 100_000, gap_us

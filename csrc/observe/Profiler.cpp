@@ -42,6 +42,7 @@ struct OpFrame {
   int64_t start_ns;
   ExecutionPath outer_path;
   bool child_recorded;
+  bool launched = false;  // its work is recorded by the worker that runs it
 };
 thread_local std::vector<OpFrame> t_frames;
 
@@ -70,7 +71,7 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
     const bool ran_kernel = t_path != ExecutionPath::kUnmarked;
     // The innermost op that ran an ember kernel is the device event; its
     // callers (composite ops) are not counted again.
-    const bool record = ran_kernel && !frame.child_recorded;
+    const bool record = ran_kernel && !frame.child_recorded && !frame.launched;
     if (record && g_recording.load(std::memory_order_acquire) == this) {
       const int device = rt::current_device();
       const int64_t stream = rt::device(device).streams().current().id();
@@ -78,10 +79,30 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
       activities_.push_back({current_op_name(), device, stream, frame.start_ns,
                              c10::getTime(), frame.correlation});
     }
-    if (!t_frames.empty() && (record || frame.child_recorded)) {
+    if (!t_frames.empty() &&
+        (record || frame.child_recorded || frame.launched)) {
       t_frames.back().child_recorded = true;
     }
     t_path = ran_kernel ? t_path : frame.outer_path;
+  }
+
+  void add_launched(const LaunchTrace& trace, int device, int64_t start_ns,
+                    int64_t end_ns) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    activities_.push_back({trace.route, device, trace.stream, start_ns, end_ns,
+                           trace.correlation});
+  }
+
+  // How the op ran (ExecutionPath.h): ember's route, or CPU's kernel.
+  static std::string current_op_name() {
+    switch (t_path) {
+      case ExecutionPath::kDelegated:
+        return "delegated";
+      case ExecutionPath::kCopied:
+        return "copied";
+      default:
+        return t_route != nullptr ? t_route : "native";
+    }
   }
 
   std::vector<std::string> errors() override { return {}; }
@@ -154,18 +175,6 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
   }
 
  private:
-  // How the op ran (ExecutionPath.h): ember's route, or CPU's kernel.
-  static std::string current_op_name() {
-    switch (t_path) {
-      case ExecutionPath::kDelegated:
-        return "delegated";
-      case ExecutionPath::kCopied:
-        return "copied";
-      default:
-        return t_route != nullptr ? t_route : "native";
-    }
-  }
-
   int64_t start_ns_ = 0;
   int64_t end_ns_ = 0;
   std::mutex mutex_;
@@ -250,6 +259,25 @@ class EmberProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 };
 
 }  // namespace
+
+std::optional<LaunchTrace> trace_launch(int64_t stream) {
+  EmberProfilerSession* session = g_recording.load(std::memory_order_acquire);
+  if (session == nullptr || t_frames.empty()) return std::nullopt;
+  t_frames.back().launched = true;
+  return LaunchTrace{t_frames.back().correlation,
+                     EmberProfilerSession::current_op_name(), stream};
+}
+
+void record_launched(const LaunchTrace& trace, int device, int64_t start_ns,
+                     int64_t end_ns) {
+  // A session stops only after every device's queued work has run.
+  if (EmberProfilerSession* session =
+          g_recording.load(std::memory_order_acquire)) {
+    session->add_launched(trace, device, start_ns, end_ns);
+  }
+}
+
+int64_t profiler_time_ns() { return c10::getTime(); }
 
 void register_profiler() {
   static const bool registered = [] {

@@ -15,6 +15,7 @@
 #include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "observe/Profiler.h"
 #include "ops/LaunchStats.h"
 #include "ops/WithDevice.h"
 
@@ -60,13 +61,21 @@ template <class Work>
 struct LaunchedWork {
   c10::DeviceIndex device;
   int threads;
+  std::optional<observe::LaunchTrace> trace;  // set while the profiler records
   Work work;
   void operator()() {
     c10::impl::ExcludeDispatchKeyGuard below_autograd(
         c10::autograd_dispatch_keyset_with_ADInplaceOrView);
     CpuAllocationCapture capture(device);
     match_thread_count(threads);
+    if (!trace) [[likely]] {
+      work();
+      return;
+    }
+    const int64_t start = observe::profiler_time_ns();
     work();
+    observe::record_launched(*trace, device, start,
+                             observe::profiler_time_ns());
   }
 };
 
@@ -82,11 +91,12 @@ inline bool launch_async() { return flags::async_execution(); }
 // host allocated them from the op's known output layout).
 template <class Work>
 void launch_on_device(c10::DeviceIndex device, const char* name, Work work) {
-  LaunchedWork<Work> launched{device, launching_thread_count(device),
-                              std::move(work)};
   with_device_current(device, [&] {
-    runtime::device(device).streams().current().enqueue(name,
-                                                        std::move(launched));
+    runtime::Stream& stream = runtime::device(device).streams().current();
+    stream.enqueue(name,
+                   LaunchedWork<Work>{device, launching_thread_count(device),
+                                      observe::trace_launch(stream.id()),
+                                      std::move(work)});
   });
 }
 

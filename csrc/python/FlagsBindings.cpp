@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "core/RuntimeErrors.h"
+#include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
 #include "flags/Environment.h"
 #include "observe/OpLog.h"
@@ -27,6 +29,26 @@ flags::FallbackPolicy parse_fallback(const std::string& name) {
   if (name == "warn") return flags::FallbackPolicy::kWarn;
   if (name == "error") return flags::FallbackPolicy::kError;
   TORCH_CHECK_VALUE(false, flags::fallback_message("'" + name + "'"));
+}
+// Work already launched runs under the settings it was launched with: a
+// switch changes only after every device's queued work has finished.
+void finish_queued_work() {
+  if (runtime::invalid_configuration() != nullptr) return;
+  py::gil_scoped_release no_gil;
+  translate_runtime_errors([] {
+    for (int i = 0; i < runtime::device_count(); ++i) {
+      runtime::device(i).synchronize();
+    }
+  });
+}
+
+// A setter that first lets queued work finish.
+template <class R, class... A>
+auto drained(R (*setter)(A...)) {
+  return [setter](A... args) {
+    finish_queued_work();
+    return setter(args...);
+  };
 }
 }  // namespace
 
@@ -55,20 +77,21 @@ void bind_flags(py::module& parent) {
   parent.def("clear_benchmark_cache", &tuning::clear_cache);
   auto m = parent.def_submodule("flags", "torch.backends.ember switches");
   m.def("async_execution", &flags::async_execution);
-  m.def("set_async_execution", &flags::set_async_execution);
+  m.def("set_async_execution", drained(&flags::set_async_execution));
   m.def("cpu_parity", &flags::cpu_parity);
-  m.def("set_cpu_parity", &flags::set_cpu_parity);
+  m.def("set_cpu_parity", drained(&flags::set_cpu_parity));
   m.def("deterministic", &flags::deterministic_flag);
   m.def("effective_deterministic", &flags::deterministic);
-  m.def("set_deterministic", &flags::set_deterministic);
+  m.def("set_deterministic", drained(&flags::set_deterministic));
   m.def("benchmark", &flags::benchmark);
-  m.def("set_benchmark", &flags::set_benchmark);
+  m.def("set_benchmark", drained(&flags::set_benchmark));
   m.def("benchmark_limit", &flags::benchmark_limit);
-  m.def("set_benchmark_limit", &flags::set_benchmark_limit);
+  m.def("set_benchmark_limit", drained(&flags::set_benchmark_limit));
   m.def("matmul_fp32_precision", &flags::matmul_fp32_precision_setting);
-  m.def("set_matmul_fp32_precision", &flags::set_matmul_fp32_precision);
+  m.def("set_matmul_fp32_precision",
+        drained(&flags::set_matmul_fp32_precision));
   m.def("conv_fp32_precision", &flags::conv_fp32_precision_setting);
-  m.def("set_conv_fp32_precision", &flags::set_conv_fp32_precision);
+  m.def("set_conv_fp32_precision", drained(&flags::set_conv_fp32_precision));
   m.def("effective_matmul_fp32_precision",
         [] { return flags::to_string(flags::matmul_fp32_precision()); });
   m.def("effective_conv_fp32_precision",
@@ -76,6 +99,7 @@ void bind_flags(py::module& parent) {
   m.def("blas_library",
         [] { return std::string(flags::to_string(flags::blas_library())); });
   m.def("set_blas_library", [](const std::string& name) {
+    finish_queued_work();
     flags::set_blas_library(parse_blas(name));
   });
   m.def("verbose", &flags::verbose_level);
@@ -87,6 +111,7 @@ void bind_flags(py::module& parent) {
   m.def("fallback",
         [] { return std::string(flags::to_string(flags::fallback_policy())); });
   m.def("set_fallback", [](const std::string& name) {
+    finish_queued_work();
     flags::set_fallback_policy(parse_fallback(name));
   });
 }

@@ -279,15 +279,6 @@ def current_flags() -> dict[str, Any]:
     return {name: getter() for name, (getter, _) in _switches().items()}
 
 
-def _finish_queued_work() -> None:
-    """Work already launched runs under the settings it was launched with:
-    a switch changes only after every device's queued work has finished."""
-    if _C._configuration_error() is not None:
-        return
-    for device in range(_C.device_count()):
-        _C.synchronize(device)
-
-
 def set_flags(**settings: Any) -> dict[str, Any]:
     """Sets several switches at once and returns their previous values (as
     flags() keywords, so ``set_flags(**previous)`` undoes it). Every name is
@@ -298,7 +289,6 @@ def set_flags(**settings: Any) -> dict[str, Any]:
         if name not in known:
             raise _no_such_attribute("torch.backends.ember.flags()", name, sorted(known))
     previous = {name: known[name][0]() for name in settings}
-    _finish_queued_work()
     applied: list[str] = []
     try:
         for name, value in settings.items():
@@ -352,7 +342,6 @@ class _EmberBackendModule(types.ModuleType):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _PROPERTIES:
-            _finish_queued_work()
             _PROPERTIES[name][1](value)
             return
         if name.startswith("__") and name.endswith("__"):

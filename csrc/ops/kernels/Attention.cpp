@@ -97,6 +97,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
   }
   static const std::string name =
       "aten::_scaled_dot_product_flash_attention_for_cpu";
+  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
   launch_on_device(
       q.device().index(), name.c_str(),
       [p = problem, operands = std::move(operands), out_cpu = cpu_alias(out),
@@ -112,7 +113,6 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
         attn::forward(p);
       });
   count_launch(name);
-  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
   return std::make_tuple(std::move(out), std::move(lse));
 }
 

@@ -53,13 +53,13 @@ at::Tensor tanh(const at::Tensor& self) {
   if (launch_async()) {
     at::Tensor out = at::empty(self.sizes(), self.options(), *layout);
     static const std::string name = "aten::tanh";
+    observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
     launch_on_device(self.device().index(), name.c_str(),
                      [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
                        tanh_f32(x.const_data_ptr<float>(),
                                 out_cpu.mutable_data_ptr<float>(), x.numel());
                      });
     count_launch(name);
-    observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
     return out;
   }
   at::Tensor out = unboxed::custom<at::Tensor>(

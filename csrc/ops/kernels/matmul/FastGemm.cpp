@@ -181,14 +181,14 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
     out = at::empty({a.size(0), b.size(1)}, a.options());
     Plan kept = *route;
     if (kept.bias) kept.bias = cpu_alias(*kept.bias);
+    observe::mark_path(observe::ExecutionPath::kNative,
+                       kept.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
     launch_on_device(
         device, "aten::addmm (skinny)",
         [kept = std::move(kept), a_cpu = cpu_alias(a),
          out_cpu = cpu_alias(out)] { run_skinny(kept, a_cpu, out_cpu); });
     static const std::string name = "aten::addmm (skinny)";
     count_launch(name);
-    observe::mark_path(observe::ExecutionPath::kNative,
-                       kept.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
     return out;
   }
   run_on_device(device, [&] {
