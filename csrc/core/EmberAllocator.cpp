@@ -115,7 +115,8 @@ void copy_stat(const rt::Stat& from, c10::CachingAllocator::StatArray& to) {
 // A block from `device`'s pool. When the pool is exhausted while launched
 // work still holds memory (results and operands of queued ops, released as
 // the work completes), the submitting thread waits for the device's queues
-// and tries once more before reporting out-of-memory.
+// and, if that released memory, tries once more before reporting
+// out-of-memory.
 rt::Allocation allocate_block(c10::DeviceIndex device, size_t bytes) {
   return translate_runtime_errors([&] {
     rt::Device& target = rt::device(device);
@@ -123,7 +124,9 @@ rt::Allocation allocate_block(c10::DeviceIndex device, size_t bytes) {
       return target.allocator().allocate(bytes);
     } catch (const rt::OutOfMemory&) {
       if (rt::in_stream_worker()) throw;
-      target.synchronize();
+      const int64_t held = target.allocator().stats().allocated_bytes.current;
+      target.synchronize();  // also releases finished work
+      if (target.allocator().stats().allocated_bytes.current == held) throw;
       return target.allocator().allocate(bytes);
     }
   });

@@ -15,6 +15,7 @@
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
 #include "ember/runtime/stream.h"
+#include "flags/BackendFlags.h"
 
 namespace ember {
 namespace {
@@ -44,6 +45,8 @@ const bool worker_hook_installed =
 
 int launching_thread_count(c10::DeviceIndex device) {
   const int threads = at::get_num_threads();
+  // cpu_parity promises CPU's bits at the launching thread's count.
+  if (flags::cpu_parity()) return threads;
   const auto cores = static_cast<int>(runtime::device_cores(device).size());
   return cores > 0 && cores < threads ? cores : threads;
 }

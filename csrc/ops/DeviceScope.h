@@ -50,7 +50,8 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
 // the kernel would have used there: results, including cpu_parity's
 // bitwise equality at a given torch.set_num_threads, do not depend on
 // launching), capped at the device's cores (a device that owns a part of
-// the machine never runs more threads than it has cores).
+// the machine never runs more threads than it has cores) except under
+// cpu_parity, whose promise is CPU's bits at the launching thread's count.
 int launching_thread_count(c10::DeviceIndex device);
 void match_thread_count(int threads);
 
