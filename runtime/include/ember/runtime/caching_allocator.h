@@ -150,6 +150,8 @@ class CachingAllocator final {
   struct State;
   std::size_t memory_limit_locked() const;  // caller holds mutex_
   void free_locked(Block* block);
+  // record_stream's deferred frees (caching_allocator_streams.cpp).
+  void free_after_streams(Block* block, const std::vector<Stream*>& streams);
   void process_deferred_locked();
   const int device_index_;
   const std::size_t capacity_;
