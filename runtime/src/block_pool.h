@@ -16,6 +16,7 @@
 namespace ember::runtime {
 
 struct Segment;
+struct PrivatePool;
 
 enum class BlockState : std::uint8_t {
   kRecycled,   // in the BlockPool, describes nothing
@@ -47,6 +48,9 @@ struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
   bool small = false;
+  // The private pool (torch.ember.MemPool) the segment belongs to; nullptr
+  // for the device's default pool.
+  PrivatePool* pool = nullptr;
   // The block at the segment's base (its record changes as blocks split
   // and merge, and is kept up to date).
   Block* head = nullptr;

@@ -107,6 +107,9 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
   const bool servable = nbytes <= kMaxRequest;
   const std::size_t size = servable ? round_size(nbytes) : 0;
   const bool small = size <= kSmallSize;
+  const PoolId routed = routing_threads_.load(std::memory_order_relaxed) == 0
+                            ? kDefaultPool
+                            : routed_pool();
 
   std::unique_lock<std::mutex> lock(mutex_);
   State& state = *state_;
@@ -116,9 +119,12 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
   if (servable) {
     // Everything that may throw happens before the free lists change.
     state.blocks.reserve(2);  // a segment's head and a split's front
-    block = state.pool_of(small).best_fit(size, bin_index(size));
+    // A route keeps its pool alive (one use), so it is found.
+    PrivatePool* pool =
+        routed == kDefaultPool ? nullptr : state.find_pool(routed);
+    block = state.bins(pool, small).best_fit(size, bin_index(size));
     if (block == nullptr) {
-      block = state.grow(size, small, memory_limit_locked());
+      block = state.grow(size, small, pool, memory_limit_locked());
     }
   }
   if (block == nullptr) {

@@ -58,6 +58,7 @@ std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
     s.address = base;
     s.size = segment->size;
     s.small = segment->small;
+    s.pool = segment->pool != nullptr ? segment->pool->id : kDefaultPool;
     for (const Block* b = segment->head; b != nullptr; b = b->next) {
       const bool allocated = b->state == BlockState::kAllocated;
       s.blocks.push_back({reinterpret_cast<std::uintptr_t>(b->ptr), b->size,

@@ -117,11 +117,27 @@ namespace ember::runtime {
 // Only the allocator's own source files include this header.
 using namespace allocator_detail;
 
+// A private pool (torch.ember.MemPool): segments of its own, whose blocks
+// serve only requests routed to the pool and go back to it when freed.
+struct PrivatePool {
+  PoolId id = kDefaultPool;
+  FreeBins small_bins;
+  FreeBins large_bins;
+  // Holders: the MemPool object and each active use_mem_pool context. At 0
+  // the pool is "freeable": empty_cache() returns its free segments, and it
+  // is forgotten once it has none left.
+  int use_count = 0;
+  std::size_t segments = 0;
+
+  FreeBins& bins(bool small) { return small ? small_bins : large_bins; }
+};
+
 struct CachingAllocator::State {
   BlockPool blocks;
-  FreeBins small_pool;
+  FreeBins small_pool;  // the default pool's free blocks
   FreeBins large_pool;
   std::map<std::uintptr_t, std::unique_ptr<Segment>> segments;  // by base
+  std::map<PoolId, std::unique_ptr<PrivatePool>> private_pools;
   // active / active_bytes always equal allocation / allocated_bytes here (no
   // deferred frees), so only the latter are kept; stats() copies them over.
   MemoryStats stats;
@@ -143,7 +159,27 @@ struct CachingAllocator::State {
     }
   }
 
-  FreeBins& pool_of(bool small) { return small ? small_pool : large_pool; }
+  FreeBins& default_bins(bool small) { return small ? small_pool : large_pool; }
+  // The free lists of `pool` (nullptr: the default pool).
+  FreeBins& bins(PrivatePool* pool, bool small) {
+    return pool == nullptr ? default_bins(small) : pool->bins(small);
+  }
+  FreeBins& bins_of(const Segment* segment) {
+    return bins(segment->pool, segment->small);
+  }
+
+  // Segments empty_cache() may return: the default pool's, and those of
+  // private pools nobody holds any more (CUDA's rule). `only`: just that
+  // pool's segments (empty_cache(pool), when a MemPool goes away).
+  static bool releasable(const Segment& segment, const PrivatePool* only) {
+    if (only != nullptr) return segment.pool == only;
+    return segment.pool == nullptr || segment.pool->use_count == 0;
+  }
+
+  PrivatePool* find_pool(PoolId id) {
+    auto it = private_pools.find(id);
+    return it == private_pools.end() ? nullptr : it->second.get();
+  }
 
   // A free block inside a partly used segment is an inactive split.
   void count_free(const Block* block) {
@@ -161,18 +197,18 @@ struct CachingAllocator::State {
 
   void insert_free(Block* block) {
     block->state = BlockState::kFree;
-    pool_of(block->segment->small).insert(block, bin_index(block->size));
+    bins_of(block->segment).insert(block, bin_index(block->size));
     count_free(block);
   }
 
   void remove_free(Block* block) {
-    pool_of(block->segment->small).erase(block, bin_index(block->size));
+    bins_of(block->segment).erase(block, bin_index(block->size));
     uncount_free(block);
   }
 
-  // Maps a segment and puts its single block in the free lists. Returns
-  // nullptr if the OS refuses. Needs one reserved Block.
-  Block* map_segment(std::size_t size, bool small) {
+  // Maps a segment for `pool` and puts its single block in the free lists.
+  // Returns nullptr if the OS refuses. Needs one reserved Block.
+  Block* map_segment(std::size_t size, bool small, PrivatePool* pool) {
     auto segment = std::make_unique<Segment>();
     void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -183,6 +219,7 @@ struct CachingAllocator::State {
     segment->base = static_cast<char*>(base);
     segment->size = size;
     segment->small = small;
+    segment->pool = pool;
     Block* head = blocks.take();
     head->ptr = segment->base;
     head->size = size;
@@ -205,18 +242,23 @@ struct CachingAllocator::State {
     return head;
   }
 
+  // Bytes empty_cache() would return (releasable(), fully free).
   std::size_t fully_free_segment_bytes() const {
     std::size_t bytes = 0;
     for (const auto& [base, segment] : segments) {
-      if (segment->fully_free()) bytes += segment->size;
+      if (segment->fully_free() && releasable(*segment, nullptr)) {
+        bytes += segment->size;
+      }
     }
     return bytes;
   }
 
-  void release_fully_free_segments() {
+  // Unmaps every fully free segment that releasable(segment, only) allows,
+  // then forgets the private pools nobody holds that have no segment left.
+  void release_fully_free_segments(const PrivatePool* only = nullptr) {
     for (auto it = segments.begin(); it != segments.end();) {
       Segment& segment = *it->second;
-      if (!segment.fully_free()) {
+      if (!segment.fully_free() || !releasable(segment, only)) {
         ++it;
         continue;
       }
@@ -228,8 +270,12 @@ struct CachingAllocator::State {
       subtract(stats.segment, 1);
       subtract(stats.reserved_bytes, static_cast<int64_t>(segment.size));
       ++stats.num_device_free;
+      if (segment.pool != nullptr) --segment.pool->segments;
       it = segments.erase(it);
     }
+    std::erase_if(private_pools, [](const auto& entry) {
+      return entry.second->use_count == 0 && entry.second->segments == 0;
+    });
   }
 
   std::size_t reserved() const {
@@ -238,23 +284,29 @@ struct CachingAllocator::State {
 
   // Maps a segment able to hold `size` bytes within `limit`, preferring the
   // pool's usual segment size. nullptr if neither size fits or mmap fails.
-  Block* try_new_segment(std::size_t size, bool small, std::size_t limit) {
+  Block* try_new_segment(std::size_t size, bool small, PrivatePool* pool,
+                         std::size_t limit) {
     const std::size_t minimal = minimal_segment_size(size, small);
     const std::size_t preferred =
         small ? kSmallSegmentSize
               : (size < kMinLargeAlloc ? kLargeSegmentSize : minimal);
     for (std::size_t candidate : {preferred, minimal}) {
       if (candidate > limit || reserved() > limit - candidate) continue;
-      if (Block* block = map_segment(candidate, small)) return block;
+      if (Block* block = map_segment(candidate, small, pool)) {
+        if (pool != nullptr) ++pool->segments;
+        return block;
+      }
     }
     return nullptr;
   }
 
-  // No cached block fits: map a segment, flushing the cache once if the
-  // limit is in the way and that can make room. nullptr if nothing helps.
-  [[gnu::noinline]] Block* grow(std::size_t size, bool small,
+  // No cached block of `pool` fits: map a segment for it, flushing the
+  // cache once if the limit is in the way and that can make room (the
+  // default pool's and freeable pools' segments, never those of a live
+  // private pool). nullptr if nothing helps.
+  [[gnu::noinline]] Block* grow(std::size_t size, bool small, PrivatePool* pool,
                                 std::size_t limit) {
-    if (Block* block = try_new_segment(size, small, limit)) return block;
+    if (Block* block = try_new_segment(size, small, pool, limit)) return block;
     // Flush the cache only if that can make room: a hopeless request then
     // leaves the cache (and every stat but num_ooms) untouched.
     const std::size_t cached = fully_free_segment_bytes();
@@ -265,14 +317,14 @@ struct CachingAllocator::State {
     }
     ++stats.num_alloc_retries;
     release_fully_free_segments();
-    return try_new_segment(size, small, limit);
+    return try_new_segment(size, small, pool, limit);
   }
 
   // Takes `size` bytes from the front of the free `block`. The rest stays
   // free when it is worth keeping: any remainder in the small pool, only
   // remainders above 1 MiB in the large pool (smaller ones would fragment it
-  // for little gain, as in CUDA). `small` is the block's pool. Needs one
-  // reserved Block.
+  // for little gain, as in CUDA). `small`: the block's segment is small.
+  // Needs one reserved Block.
   Block* carve(Block* block, std::size_t size, bool small) {
     const std::size_t remaining = block->size - size;
     const bool worth_it =
@@ -299,7 +351,7 @@ struct CachingAllocator::State {
     block->prev = front;
     block->ptr += size;
     block->size = remaining;
-    pool_of(small).rekeyed(block, old_bin, bin_index(remaining));
+    bins_of(block->segment).rekeyed(block, old_bin, bin_index(remaining));
     count_free(block);
     return front;
   }
@@ -317,7 +369,7 @@ struct CachingAllocator::State {
   // neighbours. A merged-away record is recycled; the surviving free record
   // grows in place.
   void release(Block* block) {
-    FreeBins& pool = pool_of(block->segment->small);
+    FreeBins& pool = bins_of(block->segment);
     Block* prev = block->prev;
     Block* next = block->next;
     const bool prev_free = prev != nullptr && prev->state == BlockState::kFree;

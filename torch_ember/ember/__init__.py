@@ -9,6 +9,7 @@ from torch_ember import _C
 from torch_ember.ember import ipc as _ipc
 from torch_ember.ember._utils import _device_index
 from torch_ember.ember.memory import (
+    MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
     empty_cache,
@@ -25,6 +26,7 @@ from torch_ember.ember.memory import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
+    use_mem_pool,
 )
 from torch_ember.ember.random import (
     get_rng_state,
@@ -180,6 +182,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 __all__ = [
     "Event",
+    "MemPool",
     "OutOfMemoryError",
     "Stream",
     "StreamContext",
@@ -226,4 +229,5 @@ __all__ = [
     "stream",
     "synchronize",
     "use_device_cores",
+    "use_mem_pool",
 ]

@@ -7,8 +7,14 @@
 // every fully free segment to the OS. A memory limit bounds what the
 // allocator may reserve; exceeding it raises OutOfMemory after the cache
 // has been flushed once.
+//
+// Private pools (torch.ember.MemPool): a pool has segments of its own; while
+// a thread routes allocations to it (begin_allocate_to_pool), that thread's
+// requests are served from them only, and blocks freed go back to the pool
+// whichever thread frees them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +25,11 @@
 #include <vector>
 
 namespace ember::runtime {
+
+// A private pool's id (the second half of c10's MempoolId_t); 0 is the
+// device's default pool.
+using PoolId = std::uint64_t;
+inline constexpr PoolId kDefaultPool = 0;
 
 // Every pointer handed out is aligned to this many bytes (a cache line,
 // and the widest vector register).
@@ -83,6 +94,7 @@ struct SegmentSnapshot {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   bool small = false;  // the small pool (requests <= 1 MiB)
+  PoolId pool = kDefaultPool;
   std::vector<BlockSnapshot> blocks;
 };
 
@@ -100,7 +112,8 @@ class CachingAllocator final {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // nbytes == 0 returns an empty Allocation. Throws OutOfMemory.
+  // nbytes == 0 returns an empty Allocation. Throws OutOfMemory. Served
+  // from the private pool the calling thread routes to, if any.
   Allocation allocate(std::size_t nbytes);
   // Takes back a block from allocate(); nullptr is ignored. A block used by
   // other streams (record_stream) is reused only once each of them has
@@ -112,8 +125,31 @@ class CachingAllocator final {
   // Freed blocks still waiting for their streams (tests).
   std::size_t deferred_frees() const;
 
-  // Returns every cached block whose segment is entirely free to the OS.
+  // Returns every cached block whose segment is entirely free to the OS:
+  // segments of the default pool and of private pools nobody holds any more
+  // (use count 0); a live private pool keeps its cache.
   void empty_cache();
+  // Returns the entirely free segments of private pool `pool` (any use
+  // count); a pool with use count 0 and no segment left is forgotten.
+  void empty_cache(PoolId pool);
+
+  // Private pools, with the reference counting of CUDA's caching allocator.
+  // create_pool: a new pool with use count 1 (or one more use of an
+  // existing one). release_pool: one use less (throws std::invalid_argument
+  // for an unknown pool); at 0 its memory goes back at the next
+  // empty_cache() once its blocks are free. pool_use_count: 0 for an
+  // unknown pool. Pool 0 is the default pool and cannot be created.
+  void create_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  int pool_use_count(PoolId pool) const;
+  // The calling thread's allocations on this device go to `pool` (created
+  // if it does not exist) until end_allocate_to_pool(pool); one more use of
+  // the pool meanwhile. Nested routes stack: the innermost one serves.
+  void begin_allocate_to_pool(PoolId pool);
+  // Ends the calling thread's innermost route to `pool` (throws
+  // std::invalid_argument if it has none) and drops its use, as
+  // CUDA's endAllocateToPool + releasePool (use_mem_pool's exit).
+  void end_allocate_to_pool(PoolId pool);
 
   MemoryStats stats() const;
   void reset_peak_stats();
@@ -150,6 +186,9 @@ class CachingAllocator final {
   struct State;
   std::size_t memory_limit_locked() const;  // caller holds mutex_
   void free_locked(Block* block);
+  // The private pool the calling thread routes to (kDefaultPool if none);
+  // looked up only while some thread routes (caching_allocator_pools.cpp).
+  PoolId routed_pool() const;
   // record_stream's deferred frees (caching_allocator_streams.cpp).
   void free_after_streams(Block* block, const std::vector<Stream*>& streams);
   void process_deferred_locked();
@@ -157,6 +196,9 @@ class CachingAllocator final {
   const std::size_t capacity_;
   mutable std::mutex mutex_;
   std::unique_ptr<State> state_;
+  // Threads with a route to a private pool of this allocator: while 0, the
+  // hot path skips the per-thread lookup.
+  std::atomic<int> routing_threads_{0};
 };
 
 // Size a request is rounded up to (exposed for tests).
