@@ -47,6 +47,10 @@ struct Block {
 struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
+  // The segment's memory file (segment_memory.h), shared with other
+  // processes through it; -1: anonymous private memory (no file could be
+  // made, sharing was off, or inherited across fork()), sent by copy.
+  int fd = -1;
   bool small = false;
   // The private pool (torch.ember.MemPool) the segment belongs to; nullptr
   // for the device's default pool.

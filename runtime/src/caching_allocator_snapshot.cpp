@@ -47,6 +47,7 @@ void CachingAllocator::reset_accumulated_stats() {
   stats.num_ooms = 0;
   stats.num_device_alloc = 0;
   stats.num_device_free = 0;
+  stats.num_unshareable_segments = 0;
 }
 
 std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {

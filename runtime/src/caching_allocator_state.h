@@ -23,6 +23,7 @@
 #include "ember/runtime/caching_allocator.h"
 #include "ember/runtime/stream.h"
 #include "ember/runtime/topology.h"
+#include "segment_memory.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -152,10 +153,17 @@ struct CachingAllocator::State {
   };
   std::vector<Deferred> deferred;
 
+  // New segments are memory files other processes can map (default).
+  bool shared_segments = true;
+  // After fork(), the child's inherited default-pool segments: they serve
+  // no new request (the child's new blocks go to fresh, shareable segments)
+  // and go back to the OS once free. Never routed to, so never held.
+  PrivatePool inherited;
+
   ~State() {
     for (auto& [base, segment] : segments) {
       unpoison(segment->base, segment->size);
-      munmap(segment->base, segment->size);
+      unmap_segment_memory({segment->base, segment->fd}, segment->size);
     }
   }
 
@@ -210,14 +218,16 @@ struct CachingAllocator::State {
   // Returns nullptr if the OS refuses. Needs one reserved Block.
   Block* map_segment(std::size_t size, bool small, PrivatePool* pool) {
     auto segment = std::make_unique<Segment>();
-    void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED) return nullptr;
+    const SegmentMemory memory = map_segment_memory(size, shared_segments);
+    void* base = memory.base;
+    if (base == nullptr) return nullptr;
+    if (memory.fd < 0) ++stats.num_unshareable_segments;
     // Before the first touch, so every page lands on the device's node.
     if (numa_node >= 0) (void)topology().bind_memory(base, size, numa_node);
     poison(base, size);
     segment->base = static_cast<char*>(base);
     segment->size = size;
+    segment->fd = memory.fd;
     segment->small = small;
     segment->pool = pool;
     Block* head = blocks.take();
@@ -232,7 +242,7 @@ struct CachingAllocator::State {
     } catch (...) {
       blocks.give(head);
       unpoison(base, size);
-      munmap(base, size);
+      unmap_segment_memory(memory, size);
       throw;
     }
     add(stats.segment, 1);
@@ -266,7 +276,7 @@ struct CachingAllocator::State {
       blocks.give(segment.head);
       // The address range may be mapped again by anyone: no stale poison.
       unpoison(segment.base, segment.size);
-      munmap(segment.base, segment.size);
+      unmap_segment_memory({segment.base, segment.fd}, segment.size);
       subtract(stats.segment, 1);
       subtract(stats.reserved_bytes, static_cast<int64_t>(segment.size));
       ++stats.num_device_free;

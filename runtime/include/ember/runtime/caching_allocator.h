@@ -64,6 +64,10 @@ struct MemoryStats {
   int64_t num_ooms = 0;           // requests that failed after a flush
   int64_t num_device_alloc = 0;   // segments mapped
   int64_t num_device_free = 0;    // segments unmapped
+  // Segments mapped as anonymous private memory instead of a memory file
+  // (memfd_create failed, or shared segments were off): blocks in them
+  // cross processes by copy. Accumulated, like num_device_alloc.
+  int64_t num_unshareable_segments = 0;
 };
 
 // Raised when a request cannot be met within the memory limit. The
@@ -96,6 +100,16 @@ struct SegmentSnapshot {
   bool small = false;  // the small pool (requests <= 1 MiB)
   PoolId pool = kDefaultPool;
   std::vector<BlockSnapshot> blocks;
+};
+
+// A block's bytes as another process can map them: a duplicate of its
+// segment's memory file (the caller closes it) and where the pointer lies
+// in that file. fd == -1: the memory cannot be shared (not in a segment,
+// or a segment without a memory file).
+struct SharedSpan {
+  int fd = -1;
+  std::size_t offset = 0;        // of the pointer, in the file
+  std::size_t segment_size = 0;  // the file's size
 };
 
 // What allocate() hands out: the pointer, and the handle free() takes back.
@@ -169,6 +183,15 @@ class CachingAllocator final {
   // True if ptr lies inside a segment of this allocator.
   bool owns(const void* ptr) const;
 
+  // Zero-copy sharing across processes (caching_allocator_sharing.cpp).
+  // Segments are memory files (memfd_create, mapped MAP_SHARED) unless
+  // turned off here or the OS refuses one (num_unshareable_segments).
+  void set_shared_segments(bool shared);  // for segments mapped from now on
+  bool shared_segments() const;
+  // The memory file behind `ptr`. The caller keeps the block allocated
+  // while another process may map it.
+  SharedSpan shared_span(const void* ptr) const;
+
   int device_index() const { return device_index_; }
 
   // Segments mapped from now on prefer NUMA node `node` (topology()'s
@@ -181,6 +204,14 @@ class CachingAllocator final {
   // child never inherits it held by a thread that does not exist there.
   void lock_for_fork() { mutex_.lock(); }
   void unlock_after_fork() { mutex_.unlock(); }
+  // In the child, with the lock still held by the fork, before anything
+  // else runs there: inherited shared segments become private mappings of
+  // their files (the child's writes stay in the child; pages it has not
+  // written show what the parent writes later, unlike fork's snapshot), and
+  // the default pool's inherited segments serve no new request (they go
+  // back to the OS once free), so the child's blocks come from fresh,
+  // shareable segments.
+  void after_fork_in_child();
 
  private:
   struct State;
