@@ -52,7 +52,8 @@ from torch_ember.ember.streams import (
 
 OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
 
-_ipc.register()  # ember tensors through torch.multiprocessing (by value)
+_ipc.register()  # ember tensors through torch.multiprocessing (zero-copy)
+ipc_collect = _ipc.ipc_collect
 
 
 def __getattr__(name: str) -> Any:
@@ -204,6 +205,7 @@ __all__ = [
     "get_rng_state",
     "get_rng_state_all",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
     "manual_seed",
