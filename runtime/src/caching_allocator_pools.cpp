@@ -2,10 +2,10 @@
 // use_mem_pool): their reference counts and the per-thread routes that send
 // a thread's allocations to one of them. See caching_allocator.h; the pools'
 // segments and free lists live in the State (caching_allocator_state.h).
+#include <iterator>
 #include <mutex>
 #include <stdexcept>
 #include <string>
-#include <iterator>
 #include <vector>
 
 #include "caching_allocator_state.h"
