@@ -15,8 +15,8 @@ struct SegmentMemory {
 
 // Maps `size` bytes, read-write. With `shared`, from a new memory file
 // (close-on-exec, so exec'd programs do not inherit it), else (or when the
-// file cannot be made: no memfd_create, out of file descriptors)
-// anonymous private memory.
+// file cannot be made: no memfd_create, out of file descriptors, or segment
+// files already hold half of RLIMIT_NOFILE) anonymous private memory.
 SegmentMemory map_segment_memory(std::size_t size, bool shared);
 // Unmaps a segment from map_segment_memory and closes its file.
 void unmap_segment_memory(const SegmentMemory& memory, std::size_t size);

@@ -1,12 +1,15 @@
 // Segments as memory files (zero-copy sharing across processes): a block's
 // bytes can be mapped again from shared_span()'s file, writes through either
 // mapping are seen by both; a forked child's writes stay in the child.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "ember/runtime/caching_allocator.h"
 #include "ember/runtime/device.h"
@@ -62,6 +65,33 @@ TEST(SharedSegments, NotSharedWhenTurnedOffOrForeign) {
   allocator.free(a.block);
   allocator.empty_cache();  // the anonymous segment unmaps as before
   EXPECT_EQ(allocator.stats().reserved_bytes.current, 0);
+}
+
+TEST(SharedSegments, SegmentFilesTakeAtMostHalfTheDescriptorLimit) {
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  // Count the descriptors open now; allow segment files half of a limit a
+  // little above them.
+  long open_now = 0;
+  for (int fd = 0; fd < 4096; ++fd) open_now += fcntl(fd, F_GETFD) != -1;
+  rlimit tight = saved;
+  tight.rlim_cur = static_cast<rlim_t>(2 * (open_now + 8));
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &tight), 0);
+  CachingAllocator allocator(0);
+  std::vector<Allocation> blocks;
+  for (int i = 0; i < static_cast<int>(tight.rlim_cur); ++i) {
+    blocks.push_back(allocator.allocate(12 * MiB));  // a segment each
+  }
+  EXPECT_GT(allocator.stats().num_unshareable_segments, 0);
+  EXPECT_LT(allocator.stats().num_unshareable_segments,
+            static_cast<int64_t>(blocks.size()));
+  // Descriptors are left for the program.
+  const int fd = dup(0);
+  EXPECT_GE(fd, 0);
+  if (fd >= 0) close(fd);
+  for (const Allocation& a : blocks) allocator.free(a.block);
+  allocator.empty_cache();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);
 }
 
 TEST(SharedSegments, AForkedChildsWritesStayInTheChild) {
