@@ -127,6 +127,7 @@ ZERO_COPY = textwrap.dedent(
 
     if __name__ == "__main__":
         ctx = mp.get_context(sys.argv[1])
+        mp.set_sharing_strategy(sys.argv[2])  # ember passes fds either way
         q, back, done = ctx.Queue(), ctx.Queue(), ctx.Event()
         p = ctx.Process(target=worker, args=(q, back, done))
         p.start()
@@ -149,9 +150,12 @@ ZERO_COPY = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_zero_copy_writes_are_seen_on_both_sides(run_python, tmp_path, context):
-    result = _run_script(run_python, tmp_path, ZERO_COPY, context)
+@pytest.mark.parametrize(
+    ("context", "strategy"),
+    [("fork", "file_descriptor"), ("spawn", "file_descriptor"), ("spawn", "file_system")],
+)
+def test_zero_copy_writes_are_seen_on_both_sides(run_python, tmp_path, context, strategy):
+    result = _run_script(run_python, tmp_path, ZERO_COPY, context, strategy)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         "child sees [0.0, 3.0]",
