@@ -20,7 +20,7 @@ struct PoolRoute {
   const CachingAllocator* allocator;
   PoolId pool;
 };
-// Innermost last. Per thread, as use_mem_pool's routing is.
+// In the order begun. Per thread, as use_mem_pool's routing is.
 thread_local std::vector<PoolRoute> t_routes;
 
 std::size_t routes_to(const CachingAllocator* allocator) {
@@ -36,9 +36,12 @@ std::string pool_name(int device, PoolId pool) {
 
 }  // namespace
 
+// The first route begun serves, as in CUDA's caching allocator (its
+// get_pool takes the first matching entry of captures_underway), so an
+// inner use_mem_pool inside another on the same device does not redirect.
 PoolId CachingAllocator::routed_pool() const {
-  for (auto it = t_routes.rbegin(); it != t_routes.rend(); ++it) {
-    if (it->allocator == this) return it->pool;
+  for (const PoolRoute& route : t_routes) {
+    if (route.allocator == this) return route.pool;
   }
   return kDefaultPool;
 }

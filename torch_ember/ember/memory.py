@@ -240,7 +240,9 @@ def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
     """Routes the current thread's allocations on ``device`` (default: the
     current device) to ``pool`` (torch.cuda.use_mem_pool). Other threads,
     including ones started inside the context (e.g. by backward), allocate as
-    before. Nested contexts: the innermost pool serves."""
+    before. Nested contexts on one device: the outer (first entered) pool
+    serves, as in CUDA's caching allocator, whose first matching route
+    wins."""
     if not isinstance(pool, MemPool):
         raise TypeError(f"use_mem_pool expects a torch.ember.MemPool, got {type(pool).__name__}")
     index = _device_index(device, optional=True)

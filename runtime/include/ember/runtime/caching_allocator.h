@@ -158,9 +158,10 @@ class CachingAllocator final {
   int pool_use_count(PoolId pool) const;
   // The calling thread's allocations on this device go to `pool` (created
   // if it does not exist) until end_allocate_to_pool(pool); one more use of
-  // the pool meanwhile. Nested routes stack: the innermost one serves.
+  // the pool meanwhile. With several routes on one device, the first begun
+  // serves (CUDA's rule: a nested use_mem_pool does not redirect).
   void begin_allocate_to_pool(PoolId pool);
-  // Ends the calling thread's innermost route to `pool` (throws
+  // Ends the calling thread's latest route to `pool` (throws
   // std::invalid_argument if it has none) and drops its use, as
   // CUDA's endAllocateToPool + releasePool (use_mem_pool's exit).
   void end_allocate_to_pool(PoolId pool);
