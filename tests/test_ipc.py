@@ -284,3 +284,36 @@ def test_a_share_that_cannot_be_mapped_raises_in_the_receiver(run_python, tmp_pa
     assert lines[0].startswith("EmberSharingError: "), lines
     assert "the tensor was on ember:1 but this process has 1 ember device(s)" in lines[0], lines
     assert lines[1] == "exit 0"
+
+
+STORAGE = textwrap.dedent(
+    """
+    import torch, torch.multiprocessing as mp
+
+    def worker(q, back):
+        s = q.get(timeout=60)
+        back.put((type(s).__name__, s.device.type, s.nbytes()))
+        torch.empty(0, dtype=torch.uint8, device=s.device).set_(s).fill_(3)
+        back.put("written")
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("spawn")
+        q, back = ctx.Queue(), ctx.Queue()
+        p = ctx.Process(target=worker, args=(q, back))
+        p.start()
+        x = torch.zeros(8, dtype=torch.uint8, device="ember")
+        q.put(x.untyped_storage())
+        print(back.get(timeout=60), back.get(timeout=60), x.tolist())
+        p.join(30)
+        print("exit", p.exitcode)
+    """
+)
+
+
+def test_an_untyped_storage_crosses_as_a_shared_storage(run_python, tmp_path):
+    result = _run_script(run_python, tmp_path, STORAGE)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "('UntypedStorage', 'ember', 8) written [3, 3, 3, 3, 3, 3, 3, 3]",
+        "exit 0",
+    ]
