@@ -10,9 +10,13 @@
 //   * Free blocks live in per-pool bins by log2 size class; each bin is
 //     ordered by (size, address), so a lower_bound in the request's bin and
 //     the first block of any higher bin is the best fit.
-//   * Segments are anonymous private mmaps, unmapped by empty_cache(). Pages
-//     are placed by the kernel's first-touch policy (no libnuma binding): the
-//     worker that first writes a block decides its NUMA node.
+//   * Segments are memory files mapped MAP_SHARED, so other processes can
+//     map their blocks (segment_memory.h; anonymous private memory where no
+//     file can be had), unmapped by empty_cache(). Pages are placed by the
+//     kernel's first-touch policy unless the allocator is bound to a NUMA
+//     node (bind_to_numa_node: mbind before the first touch).
+//   * Private pools (MemPool) have their own bins and segments; a thread's
+//     route (caching_allocator_pools.cpp) picks the bins a request uses.
 //
 // The allocate + free pair of a small block is on every op's critical path,
 // so it touches the heap nowhere (block_pool.cpp):

@@ -2,9 +2,10 @@
 // GPU caching allocator hands out device memory. Plain C++, no torch headers.
 //
 // Requests are rounded up and served from segments obtained from the OS
-// (mmap). Freed blocks go back to size-binned free lists, are split to serve
-// smaller requests and coalesced with free neighbours. empty_cache() returns
-// every fully free segment to the OS. A memory limit bounds what the
+// (memory files mapped MAP_SHARED, shareable with other processes). Freed
+// blocks go back to size-binned free lists, are split to serve smaller
+// requests and coalesced with free neighbours. empty_cache() returns every
+// fully free segment to the OS. A memory limit bounds what the
 // allocator may reserve; exceeding it raises OutOfMemory after the cache
 // has been flushed once.
 //
