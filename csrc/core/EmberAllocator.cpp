@@ -199,11 +199,17 @@ void EmberDeviceAllocator::copy_data(void* dest, const void* src,
   std::memcpy(dest, src, count);
 }
 
-void EmberDeviceAllocator::emptyCache(c10::MempoolId_t) {
+void EmberDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
+  // {0, 0}: every device's default cache and the pools nobody holds; a
+  // MemPool's id (0, n): that pool's free segments (its destructor).
   for (int i = 0; i < rt::device_count(); ++i) {
     // Finished launched work may still hold the last reference to blocks.
     rt::device(i).streams().collect_finished();
-    rt::device(i).allocator().empty_cache();
+    if (mempool_id == c10::MempoolId_t{0, 0}) {
+      rt::device(i).allocator().empty_cache();
+    } else {
+      rt::device(i).allocator().empty_cache(mempool_id.second);
+    }
   }
 }
 

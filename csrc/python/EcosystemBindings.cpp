@@ -1,12 +1,13 @@
 // torch_ember._C bindings behind torch.ember's ecosystem surface: stream
 // priorities, the allocator snapshot and memory history
-// (torch_ember/ember/memory.py), raw allocations for interop
-// (caching_allocator_alloc/delete).
+// (torch_ember/ember/memory.py), private memory pools (MemPool,
+// use_mem_pool), raw allocations for interop (caching_allocator_alloc/delete).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
@@ -34,6 +35,17 @@ namespace ember {
 namespace rt = ember::runtime;
 
 namespace {
+
+using MempoolIdArg = std::pair<unsigned long long, unsigned long long>;
+
+// The runtime's id of a MemPool id (0, n); ValueError for anything else
+// (CUDA graph pools, (n, 0), do not exist on ember).
+rt::PoolId runtime_pool(const MempoolIdArg& id) {
+  TORCH_CHECK_VALUE(id.first == 0 && id.second != 0,
+                    "ember: not a memory pool id: (", id.first, ", ", id.second,
+                    "); MemPool ids are (0, n) with n >= 1");
+  return id.second;
+}
 
 // Frames of each traceback as lists of {"filename", "line", "name"} dicts;
 // an empty list where none was recorded.
@@ -85,7 +97,7 @@ py::dict memory_snapshot(bool include_traces) {
       s["total_size"] = segment.size;
       s["stream"] = 0;
       s["segment_type"] = segment.small ? "small" : "large";
-      s["segment_pool_id"] = py::make_tuple(0, 0);
+      s["segment_pool_id"] = py::make_tuple(0, segment.pool);
       s["is_expandable"] = false;
       s["frames"] = py::list();
       py::list blocks;
@@ -177,6 +189,39 @@ void bind_ecosystem(py::module& m) {
                                        stacks_on_free, cpp_frames, max_entries},
                                       clear);
         });
+  // Private pools (torch.ember.MemPool). Ids are c10's MempoolId_t as CUDA
+  // gives user pools: (0, n), n counting from 1; the runtime keys a pool by n.
+  m.def("_mempool_create", [](int device) {
+    static std::atomic<rt::PoolId> next_pool{1};
+    const rt::PoolId pool = next_pool.fetch_add(1);
+    translate_runtime_errors(
+        [&] { rt::device(device).allocator().create_pool(pool); });
+    return py::make_tuple(0, pool);
+  });
+  m.def("_mempool_release", [](int device, const MempoolIdArg& id) {
+    translate_runtime_errors(
+        [&] { rt::device(device).allocator().release_pool(runtime_pool(id)); });
+  });
+  m.def("_mempool_use_count", [](int device, const MempoolIdArg& id) {
+    return translate_runtime_errors([&] {
+      return rt::device(device).allocator().pool_use_count(runtime_pool(id));
+    });
+  });
+  m.def("_mempool_begin_allocate", [](int device, const MempoolIdArg& id) {
+    translate_runtime_errors([&] {
+      rt::device(device).allocator().begin_allocate_to_pool(runtime_pool(id));
+    });
+  });
+  m.def("_mempool_end_allocate", [](int device, const MempoolIdArg& id) {
+    translate_runtime_errors([&] {
+      rt::device(device).allocator().end_allocate_to_pool(runtime_pool(id));
+    });
+  });
+  m.def("_mempool_empty_cache", [](const MempoolIdArg& id) {
+    const c10::MempoolId_t pool{id.first, id.second};
+    runtime_pool(id);  // validates
+    translate_runtime_errors([&] { device_allocator()->emptyCache(pool); });
+  });
   m.def("raw_alloc", [](size_t nbytes, int device) -> uintptr_t {
     c10::DataPtr data =
         device_allocator()->allocate_on(static_cast<c10::DeviceIndex>(device),

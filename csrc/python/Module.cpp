@@ -28,6 +28,7 @@ namespace ember {
 void bind_flags(py::module& parent);  // FlagsBindings.cpp
 void bind_ecosystem(py::module& m);   // EcosystemBindings.cpp
 void bind_engine(py::module& m);      // EngineBindings.cpp
+void bind_ipc(py::module& m);         // IpcBindings.cpp
 
 namespace {
 
@@ -264,4 +265,5 @@ PYBIND11_MODULE(_C, m) {
   bind_flags(m);
   bind_ecosystem(m);
   bind_engine(m);
+  bind_ipc(m);
 }

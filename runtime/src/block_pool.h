@@ -16,6 +16,7 @@
 namespace ember::runtime {
 
 struct Segment;
+struct PrivatePool;
 
 enum class BlockState : std::uint8_t {
   kRecycled,   // in the BlockPool, describes nothing
@@ -46,7 +47,14 @@ struct Block {
 struct Segment {
   char* base = nullptr;
   std::size_t size = 0;
+  // The segment's memory file (segment_memory.h), shared with other
+  // processes through it; -1: anonymous private memory (no file could be
+  // made, sharing was off, or inherited across fork()), sent by copy.
+  int fd = -1;
   bool small = false;
+  // The private pool (torch.ember.MemPool) the segment belongs to; nullptr
+  // for the device's default pool.
+  PrivatePool* pool = nullptr;
   // The block at the segment's base (its record changes as blocks split
   // and merge, and is kept up to date).
   Block* head = nullptr;

@@ -141,6 +141,13 @@ void unlock_after_fork() {
 // is lost with its threads, so the child refuses every stream operation
 // (ForkedWithWorkInFlight) instead of computing with half-written memory.
 void child_after_fork() {
+  // First of all, while the fork still holds the allocator locks: the
+  // child's ember memory stops being shared with the parent.
+  for (auto& slot : created_devices) {
+    if (Device* dev = slot.load(std::memory_order_acquire)) {
+      dev->allocator().after_fork_in_child();
+    }
+  }
   unlock_after_fork();
   bool in_flight = false;
   for (auto& slot : created_devices) {

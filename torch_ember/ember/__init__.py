@@ -9,6 +9,7 @@ from torch_ember import _C
 from torch_ember.ember import ipc as _ipc
 from torch_ember.ember._utils import _device_index
 from torch_ember.ember.memory import (
+    MemPool,
     caching_allocator_alloc,
     caching_allocator_delete,
     empty_cache,
@@ -25,6 +26,7 @@ from torch_ember.ember.memory import (
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
     set_per_process_memory_fraction,
+    use_mem_pool,
 )
 from torch_ember.ember.random import (
     get_rng_state,
@@ -50,7 +52,8 @@ from torch_ember.ember.streams import (
 
 OutOfMemoryError = torch.OutOfMemoryError  # as torch.cuda.OutOfMemoryError
 
-_ipc.register()  # ember tensors through torch.multiprocessing (by value)
+_ipc.register()  # ember tensors through torch.multiprocessing (zero-copy)
+ipc_collect = _ipc.ipc_collect
 
 
 def __getattr__(name: str) -> Any:
@@ -180,6 +183,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 __all__ = [
     "Event",
+    "MemPool",
     "OutOfMemoryError",
     "Stream",
     "StreamContext",
@@ -201,6 +205,7 @@ __all__ = [
     "get_rng_state",
     "get_rng_state_all",
     "initial_seed",
+    "ipc_collect",
     "is_available",
     "is_bf16_supported",
     "manual_seed",
@@ -226,4 +231,5 @@ __all__ = [
     "stream",
     "synchronize",
     "use_device_cores",
+    "use_mem_pool",
 ]

@@ -1,8 +1,10 @@
 """Memory of ember devices, with torch.cuda's function names and stat keys."""
 
+import contextlib
 import pickle
 import sys
 import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -165,10 +167,90 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 
 def memory_snapshot(mempool_id: Any = None, include_traces: bool = True) -> list[dict]:
-    """The allocator's segments, each with its blocks (torch.cuda.memory_snapshot)."""
-    if mempool_id is not None and tuple(mempool_id) != (0, 0):
-        raise NotImplementedError("ember has one memory pool per device, id (0, 0)")
-    return _C.memory_snapshot(include_traces)["segments"]
+    """The allocator's segments, each with its blocks (torch.cuda.memory_snapshot).
+
+    ``mempool_id``: only the segments of that pool (a MemPool's ``id``; (0, 0)
+    is every device's default pool); None: every segment."""
+    segments = _C.memory_snapshot(include_traces)["segments"]
+    if mempool_id is None:
+        return segments
+    wanted = tuple(int(part) for part in mempool_id)
+    return [s for s in segments if tuple(s["segment_pool_id"]) == wanted]
+
+
+class MemPool:
+    """A private pool of ember memory (torch.cuda.MemPool).
+
+    Allocations made on the current thread inside ``use_mem_pool(pool)`` come
+    from the pool's own segments; blocks freed go back to the pool, whichever
+    thread frees them. ``empty_cache()`` leaves a live pool's cache alone;
+    once the pool object is gone (its use count 0), its free segments are
+    returned at once and the rest as soon as their blocks are free and
+    ``empty_cache()`` runs. Statistics (memory_stats, memory_allocated, ...)
+    stay per device and include pool memory, as CUDA's aggregate counters do.
+
+    The pool is created on the current device; ``use_mem_pool(pool, device)``
+    on another device makes a pool with the same id there, as CUDA does.
+
+    Only CUDA's defaults are supported: ``allocator`` (a custom allocator),
+    ``use_on_oom`` and ``no_split`` raise NotImplementedError."""
+
+    def __init__(self, allocator: Any = None, use_on_oom: bool = False, no_split: bool = False):
+        if allocator is not None:
+            raise NotImplementedError(
+                "torch.ember.MemPool(allocator=...): ember pools are served by ember's caching "
+                "allocator only; custom allocators are not supported (pass allocator=None)"
+            )
+        if use_on_oom:
+            raise NotImplementedError("torch.ember.MemPool(use_on_oom=True) is not supported")
+        if no_split:
+            raise NotImplementedError("torch.ember.MemPool(no_split=True) is not supported")
+        self._device = _device_index(None, optional=True)
+        self._id = tuple(_C._mempool_create(self._device))
+
+    @property
+    def id(self) -> tuple[int, int]:
+        """The pool's id, ``(0, n)`` as for CUDA's user-created pools."""
+        return self._id
+
+    @property
+    def allocator(self) -> None:
+        """Always None: ember's caching allocator serves every pool."""
+        return None
+
+    def use_count(self) -> int:
+        """Holders of the pool: this object and each active use_mem_pool context."""
+        return _C._mempool_use_count(self._device, self._id)
+
+    def snapshot(self, include_traces: bool = True) -> list[dict]:
+        """This pool's segments, in memory_snapshot's format."""
+        return memory_snapshot(self._id, include_traces=include_traces)
+
+    def __del__(self) -> None:
+        pool = getattr(self, "_id", None)
+        if pool is None:
+            return
+        with contextlib.suppress(Exception):  # also at interpreter exit
+            _C._mempool_release(self._device, pool)
+            _C._mempool_empty_cache(pool)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool: MemPool, device: Any = None) -> Iterator[None]:
+    """Routes the current thread's allocations on ``device`` (default: the
+    current device) to ``pool`` (torch.cuda.use_mem_pool). Other threads,
+    including ones started inside the context (e.g. by backward), allocate as
+    before. Nested contexts on one device: the outer (first entered) pool
+    serves, as in CUDA's caching allocator, whose first matching route
+    wins."""
+    if not isinstance(pool, MemPool):
+        raise TypeError(f"use_mem_pool expects a torch.ember.MemPool, got {type(pool).__name__}")
+    index = _device_index(device, optional=True)
+    _C._mempool_begin_allocate(index, pool.id)
+    try:
+        yield
+    finally:
+        _C._mempool_end_allocate(index, pool.id)
 
 
 def _snapshot(device: Any = None) -> dict[str, Any]:

@@ -2,13 +2,20 @@
 // GPU caching allocator hands out device memory. Plain C++, no torch headers.
 //
 // Requests are rounded up and served from segments obtained from the OS
-// (mmap). Freed blocks go back to size-binned free lists, are split to serve
-// smaller requests and coalesced with free neighbours. empty_cache() returns
-// every fully free segment to the OS. A memory limit bounds what the
+// (memory files mapped MAP_SHARED, shareable with other processes). Freed
+// blocks go back to size-binned free lists, are split to serve smaller
+// requests and coalesced with free neighbours. empty_cache() returns every
+// fully free segment to the OS. A memory limit bounds what the
 // allocator may reserve; exceeding it raises OutOfMemory after the cache
 // has been flushed once.
+//
+// Private pools (torch.ember.MemPool): a pool has segments of its own; while
+// a thread routes allocations to it (begin_allocate_to_pool), that thread's
+// requests are served from them only, and blocks freed go back to the pool
+// whichever thread frees them.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +26,11 @@
 #include <vector>
 
 namespace ember::runtime {
+
+// A private pool's id (the second half of c10's MempoolId_t); 0 is the
+// device's default pool.
+using PoolId = std::uint64_t;
+inline constexpr PoolId kDefaultPool = 0;
 
 // Every pointer handed out is aligned to this many bytes (a cache line,
 // and the widest vector register).
@@ -53,6 +65,10 @@ struct MemoryStats {
   int64_t num_ooms = 0;           // requests that failed after a flush
   int64_t num_device_alloc = 0;   // segments mapped
   int64_t num_device_free = 0;    // segments unmapped
+  // Segments mapped as anonymous private memory instead of a memory file
+  // (memfd_create failed, or shared segments were off): blocks in them
+  // cross processes by copy. Accumulated, like num_device_alloc.
+  int64_t num_unshareable_segments = 0;
 };
 
 // Raised when a request cannot be met within the memory limit. The
@@ -83,7 +99,18 @@ struct SegmentSnapshot {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   bool small = false;  // the small pool (requests <= 1 MiB)
+  PoolId pool = kDefaultPool;
   std::vector<BlockSnapshot> blocks;
+};
+
+// A block's bytes as another process can map them: a duplicate of its
+// segment's memory file (the caller closes it) and where the pointer lies
+// in that file. fd == -1: the memory cannot be shared (not in a segment,
+// or a segment without a memory file).
+struct SharedSpan {
+  int fd = -1;
+  std::size_t offset = 0;        // of the pointer, in the file
+  std::size_t segment_size = 0;  // the file's size
 };
 
 // What allocate() hands out: the pointer, and the handle free() takes back.
@@ -100,7 +127,8 @@ class CachingAllocator final {
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
-  // nbytes == 0 returns an empty Allocation. Throws OutOfMemory.
+  // nbytes == 0 returns an empty Allocation. Throws OutOfMemory. Served
+  // from the private pool the calling thread routes to, if any.
   Allocation allocate(std::size_t nbytes);
   // Takes back a block from allocate(); nullptr is ignored. A block used by
   // other streams (record_stream) is reused only once each of them has
@@ -112,8 +140,32 @@ class CachingAllocator final {
   // Freed blocks still waiting for their streams (tests).
   std::size_t deferred_frees() const;
 
-  // Returns every cached block whose segment is entirely free to the OS.
+  // Returns every cached block whose segment is entirely free to the OS:
+  // segments of the default pool and of private pools nobody holds any more
+  // (use count 0); a live private pool keeps its cache.
   void empty_cache();
+  // Returns the entirely free segments of private pool `pool` (any use
+  // count); a pool with use count 0 and no segment left is forgotten.
+  void empty_cache(PoolId pool);
+
+  // Private pools, with the reference counting of CUDA's caching allocator.
+  // create_pool: a new pool with use count 1 (or one more use of an
+  // existing one). release_pool: one use less (throws std::invalid_argument
+  // for an unknown pool); at 0 its memory goes back at the next
+  // empty_cache() once its blocks are free. pool_use_count: 0 for an
+  // unknown pool. Pool 0 is the default pool and cannot be created.
+  void create_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  int pool_use_count(PoolId pool) const;
+  // The calling thread's allocations on this device go to `pool` (created
+  // if it does not exist) until end_allocate_to_pool(pool); one more use of
+  // the pool meanwhile. With several routes on one device, the first begun
+  // serves (CUDA's rule: a nested use_mem_pool does not redirect).
+  void begin_allocate_to_pool(PoolId pool);
+  // Ends the calling thread's latest route to `pool` (throws
+  // std::invalid_argument if it has none) and drops its use, as
+  // CUDA's endAllocateToPool + releasePool (use_mem_pool's exit).
+  void end_allocate_to_pool(PoolId pool);
 
   MemoryStats stats() const;
   void reset_peak_stats();
@@ -133,6 +185,15 @@ class CachingAllocator final {
   // True if ptr lies inside a segment of this allocator.
   bool owns(const void* ptr) const;
 
+  // Zero-copy sharing across processes (caching_allocator_sharing.cpp).
+  // Segments are memory files (memfd_create, mapped MAP_SHARED) unless
+  // turned off here or the OS refuses one (num_unshareable_segments).
+  void set_shared_segments(bool shared);  // for segments mapped from now on
+  bool shared_segments() const;
+  // The memory file behind `ptr`. The caller keeps the block allocated
+  // while another process may map it.
+  SharedSpan shared_span(const void* ptr) const;
+
   int device_index() const { return device_index_; }
 
   // Segments mapped from now on prefer NUMA node `node` (topology()'s
@@ -145,16 +206,32 @@ class CachingAllocator final {
   // child never inherits it held by a thread that does not exist there.
   void lock_for_fork() { mutex_.lock(); }
   void unlock_after_fork() { mutex_.unlock(); }
+  // In the child, with the lock still held by the fork, before anything
+  // else runs there: inherited shared segments become private mappings of
+  // their files (the child's writes stay in the child; pages it has not
+  // written show what the parent writes later, unlike fork's snapshot), and
+  // the default pool's inherited segments serve no new request (they go
+  // back to the OS once free), so the child's blocks come from fresh,
+  // shareable segments.
+  void after_fork_in_child();
 
  private:
   struct State;
   std::size_t memory_limit_locked() const;  // caller holds mutex_
   void free_locked(Block* block);
+  // The private pool the calling thread routes to (kDefaultPool if none);
+  // looked up only while some thread routes (caching_allocator_pools.cpp).
+  PoolId routed_pool() const;
+  // record_stream's deferred frees (caching_allocator_streams.cpp).
+  void free_after_streams(Block* block, const std::vector<Stream*>& streams);
   void process_deferred_locked();
   const int device_index_;
   const std::size_t capacity_;
   mutable std::mutex mutex_;
   std::unique_ptr<State> state_;
+  // Threads with a route to a private pool of this allocator: while 0, the
+  // hot path skips the per-thread lookup.
+  std::atomic<int> routing_threads_{0};
 };
 
 // Size a request is rounded up to (exposed for tests).

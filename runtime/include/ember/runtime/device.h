@@ -86,8 +86,12 @@ std::vector<std::vector<int>> parse_device_cores(
     const std::string& value, const std::vector<int>& allowed);
 // The cores of device `index` (throws InvalidDevice).
 const std::vector<int>& device_cores(int index);
-// True when some device owns fewer than all of the process's cores: work
-// on a device then runs with that device's thread count.
+// True when some device owns fewer than all of the process's cores (the
+// configuration, as information: tests, _C._engine_cores_partitioned).
+// Nothing depends on it: stream workers always run on their device's cores
+// with that many OpenMP threads, and ops run inline follow the calling
+// thread's settings either way (unless the thread binds itself to a
+// device, torch.ember.use_device_cores).
 bool cores_partitioned();
 
 // Makes every later device_count() -- so every use of a device -- throw
