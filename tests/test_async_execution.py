@@ -243,6 +243,16 @@ def test_inputs_released_by_the_caller_stay_valid_until_their_work_ran():
     assert torch.ember.memory_allocated() == base
 
 
+def test_growing_a_tensor_waits_for_the_work_writing_it():
+    # resize_ copies the old bytes on the host and frees them: launched work
+    # still writing them must have finished.
+    x = torch.arange(4.0, device="ember")
+    _sleep(0.1)
+    y = x + 1
+    y.resize_(1 << 16)
+    assert torch.equal(y[:4].cpu(), torch.arange(4.0) + 1)
+
+
 def test_the_launch_queue_is_bounded():
     # Thousands of launches without a synchronisation: the host waits for
     # the worker instead of holding every queued result (as a full GPU

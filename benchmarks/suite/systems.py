@@ -483,6 +483,18 @@ def ember_tuned(w: Workload, threads: int) -> Prepared:
     return _ember_within(w, lambda: torch.backends.ember.flags(benchmark=True))
 
 
+@register("ember-sync", version=torch_ember_version)
+def ember_sync(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.async_execution = False around its
+    own runs: every op runs at its call on the calling thread (the synchronous
+    engine), the baseline of asynchronous execution (ember-eager launches the
+    hot ops on the stream's worker)."""
+    backends = getattr(torch.backends, "ember", None)
+    if backends is not None and not hasattr(backends, "async_execution"):
+        raise Skip("this torch_ember build has no torch.backends.ember.async_execution")
+    return _ember_within(w, lambda: torch.backends.ember.flags(async_execution=False))
+
+
 @register("ember-parity", version=torch_ember_version)
 def ember_parity(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.cpu_parity = True: every op runs CPU's

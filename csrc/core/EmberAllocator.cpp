@@ -215,8 +215,12 @@ void EmberDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
 
 c10::CachingDeviceAllocator::DeviceStats EmberDeviceAllocator::getDeviceStats(
     c10::DeviceIndex device) {
-  const rt::MemoryStats s = translate_runtime_errors(
-      [&] { return rt::device(device).allocator().stats(); });
+  const rt::MemoryStats s = translate_runtime_errors([&] {
+    // Read as after synchronous execution: memory that launched work still
+    // holds (its operands, freed by the caller) is released first.
+    rt::device(device).streams().wait_quietly();
+    return rt::device(device).allocator().stats();
+  });
   c10::CachingDeviceAllocator::DeviceStats out;
   copy_stat(s.allocation, out.allocation);
   copy_stat(s.segment, out.segment);

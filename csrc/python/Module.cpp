@@ -45,8 +45,12 @@ py::dict stat_dict(const rt::Stat& s) {
 
 // Nested dict in the layout of torch.cuda.memory_stats_as_nested_dict().
 py::dict memory_stats(int device) {
-  const rt::MemoryStats s = translate_runtime_errors(
-      [&] { return rt::device(device).allocator().stats(); });
+  const rt::MemoryStats s = translate_runtime_errors([&] {
+    // As after synchronous execution (EmberDeviceAllocator::getDeviceStats).
+    py::gil_scoped_release no_gil;
+    rt::device(device).streams().wait_quietly();
+    return rt::device(device).allocator().stats();
+  });
   auto with_pool = [](const rt::Stat& stat) {
     py::dict pools;
     pools["all"] = stat_dict(stat);

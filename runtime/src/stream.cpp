@@ -180,6 +180,14 @@ void Stream::collect_finished() {
   }
 }
 
+void Stream::wait_quietly() {
+  if (forked_with_work_in_flight()) return;
+  std::vector<Work> finished;
+  std::unique_lock<std::mutex> lock(mutex_);
+  wait_idle(lock);
+  finished = take_finished();
+}
+
 void Stream::spin_for_work() {
   spin_until([this] {
     return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0;
@@ -402,6 +410,10 @@ void StreamPool::synchronize_all() {
 
 void StreamPool::collect_finished() {
   for (Stream* stream : snapshot(mutex_, streams_)) stream->collect_finished();
+}
+
+void StreamPool::wait_quietly() {
+  for (Stream* stream : snapshot(mutex_, streams_)) stream->wait_quietly();
 }
 
 void StreamPool::shutdown_all() {

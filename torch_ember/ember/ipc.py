@@ -116,6 +116,10 @@ def _count_copy() -> None:
 
 def _share(tensor: torch.Tensor, view: tuple | None, requires_grad: bool, parameter: bool):
     """The zero-copy reduction, or None when the memory cannot be shared."""
+    # The receiver reads the bytes as they are when it maps them: work
+    # launched on the tensor's device must have written them by then (CUDA
+    # asks the same of its users; ember simply waits).
+    torch.ember.synchronize(tensor.device)
     shared = _C._ipc_share(tensor)
     if shared is None:
         return None

@@ -79,6 +79,20 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
   return p;
 }
 
+// Runs ember's kernel writing `out` (rows of unit stride) and `lse`.
+void forward_into(attn::Problem& p, const at::Tensor& out,
+                  const at::Tensor& lse) {
+  p.out = out.mutable_data_ptr<float>();
+  p.out_batch_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.out_row_stride = out.stride(2);
+  p.logsumexp = lse.mutable_data_ptr<float>();
+  p.lse_batch_stride = lse.stride(0);
+  p.lse_head_stride = lse.stride(1);
+  p.lse_row_stride = lse.stride(2);
+  attn::forward(p);
+}
+
 // ember's kernel launched on the stream: results allocated here in CPU's
 // layouts (see flash_attention), the kernel run by the worker on the
 // operands' CPU aliases. nullopt for an output layout the kernel cannot
@@ -102,15 +116,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
       q.device().index(), name.c_str(),
       [p = problem, operands = std::move(operands), out_cpu = cpu_alias(out),
        lse_cpu = cpu_alias(lse)]() mutable {
-        p.out = out_cpu.mutable_data_ptr<float>();
-        p.out_batch_stride = out_cpu.stride(0);
-        p.out_head_stride = out_cpu.stride(1);
-        p.out_row_stride = out_cpu.stride(2);
-        p.logsumexp = lse_cpu.mutable_data_ptr<float>();
-        p.lse_batch_stride = lse_cpu.stride(0);
-        p.lse_head_stride = lse_cpu.stride(1);
-        p.lse_row_stride = lse_cpu.stride(2);
-        attn::forward(p);
+        forward_into(p, out_cpu, lse_cpu);
       });
   count_launch(name);
   return std::make_tuple(std::move(out), std::move(lse));
@@ -164,15 +170,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         const bool direct = out.stride(3) == 1 || p.v_dim == 1;
         const at::Tensor target =
             direct ? out : at::empty(out.sizes(), q.options());
-        p.out = target.mutable_data_ptr<float>();
-        p.out_batch_stride = target.stride(0);
-        p.out_head_stride = target.stride(1);
-        p.out_row_stride = target.stride(2);
-        p.logsumexp = lse.mutable_data_ptr<float>();
-        p.lse_batch_stride = lse.stride(0);
-        p.lse_head_stride = lse.stride(1);
-        p.lse_row_stride = lse.stride(2);
-        attn::forward(p);
+        forward_into(p, target, lse);
         if (!direct) out.copy_(target);
         return std::make_tuple(out, lse);
       },

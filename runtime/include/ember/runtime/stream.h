@@ -119,6 +119,8 @@ class Stream final {
   // submitting side (Python-owned storages take the GIL), so it is released
   // here, by enqueue() and by the synchronisation points.
   void collect_finished();
+  // Waits for the queued work and destroys it; raises nothing.
+  void wait_quietly();
 
   // Stops the worker after it has run everything queued (idempotent); later
   // work runs inline. Called at exit for every device.
@@ -194,6 +196,10 @@ class StreamPool final {
   void synchronize_all();
   // Stream::collect_finished on every stream.
   void collect_finished();
+  // Waits for every stream's queued work and destroys it, without raising
+  // a pending error (left for the next synchronisation point): memory
+  // statistics read as after synchronous execution.
+  void wait_quietly();
   void shutdown_all();
 
   // fork() support, as CachingAllocator::lock_for_fork; also takes (and
