@@ -216,9 +216,10 @@ void EmberDeviceAllocator::emptyCache(c10::MempoolId_t mempool_id) {
 c10::CachingDeviceAllocator::DeviceStats EmberDeviceAllocator::getDeviceStats(
     c10::DeviceIndex device) {
   const rt::MemoryStats s = translate_runtime_errors([&] {
-    // Read as after synchronous execution: memory that launched work still
-    // holds (its operands, freed by the caller) is released first.
-    rt::device(device).streams().wait_quietly();
+    // Read as after synchronous execution: memory that work launched on the
+    // current stream still holds (operands freed by the caller) is released
+    // first. (Other streams keep CUDA's semantics: record_stream.)
+    rt::device(device).streams().current().wait_quietly();
     return rt::device(device).allocator().stats();
   });
   c10::CachingDeviceAllocator::DeviceStats out;

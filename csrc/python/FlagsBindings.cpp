@@ -104,6 +104,7 @@ void bind_flags(py::module& parent) {
   });
   m.def("verbose", &flags::verbose_level);
   m.def("set_verbose", [](int level) {
+    finish_queued_work();  // frees of finished work are logged at the old level
     flags::set_verbose_level(level);
     observe::sync_op_log();
   });

@@ -48,7 +48,7 @@ py::dict memory_stats(int device) {
   const rt::MemoryStats s = translate_runtime_errors([&] {
     // As after synchronous execution (EmberDeviceAllocator::getDeviceStats).
     py::gil_scoped_release no_gil;
-    rt::device(device).streams().wait_quietly();
+    rt::device(device).streams().current().wait_quietly();
     return rt::device(device).allocator().stats();
   });
   auto with_pool = [](const rt::Stat& stat) {
