@@ -9,6 +9,7 @@ The effects of precision, BLAS choice, autotuning and verbose logging on
 kernels are tested in their own files (test_backends_matmul.py & co.)."""
 
 import json
+import os
 import re
 import warnings
 
@@ -50,7 +51,7 @@ SWITCHES = {
 }
 
 DEFAULTS = {
-    "async_execution": True,
+    "async_execution": len(os.sched_getaffinity(0)) >= 4,
     "cpu_parity": False,
     "deterministic": False,
     "benchmark": False,

@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
+#include <sched.h>
 
 #include <atomic>
 
@@ -15,8 +16,18 @@ namespace {
 // -1 in a precision slot means "not set: follow torch's global setting".
 constexpr int8_t kFollowGlobal = -1;
 
+// Launching pays off when the submitting thread has a core of its own
+// beside the kernels' threads: measured on 2 cores (make bench, ember-eager
+// vs ember-sync), the host thread and the worker's OpenMP team contend and
+// most workloads ran 2-6% slower (mlp-b1 bimodal), so the default is on
+// only from 4 allowed cores.
+bool async_by_default() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return false;
+  return CPU_COUNT(&set) >= 4;
+}
 std::atomic<bool> g_async_execution{
-    env_switch("EMBER_ASYNC", "async_execution").value_or(true) &&
+    env_switch("EMBER_ASYNC", "async_execution").value_or(async_by_default()) &&
     !runtime::launch_blocking()};
 std::atomic<bool> g_cpu_parity{
     env_switch("EMBER_CPU_PARITY", "cpu_parity").value_or(false)};
