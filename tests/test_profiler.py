@@ -142,7 +142,7 @@ def test_a_launched_op_is_recorded_when_the_worker_ran_it():
     from torch_ember import _C
 
     x = torch.ones(1000, device="ember")
-    with profile(activities=BOTH) as prof:
+    with torch.backends.ember.flags(async_execution=True), profile(activities=BOTH) as prof:
         _C._engine_enqueue_sleep(0, 0, 0.2)
         y = x + 1
         torch.ember.synchronize()
