@@ -122,6 +122,19 @@ bench-breakdown: setup
 	BENCH_COMMAND="make bench-breakdown$(if $(BREAKDOWN_ARGS), BREAKDOWN_ARGS=\"$(BREAKDOWN_ARGS)\",)" \
 	  $(PY) benchmarks/op_breakdown.py $(BREAKDOWN_ARGS)
 
+# Transformer-shaped fp32 GEMMs (issue 10: M=128..1024, K,N=768..3072),
+# ember against ONNX Runtime, OpenVINO and zentorch in one run (~5 min).
+#   make bench-gemm-shapes
+#   make bench-gemm-shapes GEMM_SHAPES_ARGS="--shapes linear-128x768x2304"
+# Writes docs/bench/gemm_shapes.md and docs/bench/gemm_shapes.json.
+.PHONY: bench-gemm-shapes
+
+GEMM_SHAPES_ARGS ?=
+
+bench-gemm-shapes: bench-deps
+	BENCH_COMMAND="make bench-gemm-shapes$(if $(GEMM_SHAPES_ARGS), GEMM_SHAPES_ARGS=\"$(GEMM_SHAPES_ARGS)\",)" \
+	  $(PY) benchmarks/gemm_shapes.py $(GEMM_SHAPES_ARGS)
+
 # --------------------------------------------------------------------------
 # Random-program fuzzer (issue 14): seeded op sequences (views, in-place,
 # out=, broadcasting, promotion, non-contiguous and zero-size tensors,

@@ -356,6 +356,36 @@ def gemm(dtype: torch.dtype, tiny: bool = False) -> Workload:
     )
 
 
+class _Linear(torch.nn.Module):
+    def __init__(self, k: int, n: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(k, n)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.linear(x),)
+
+
+def linear_shape(m: int, k: int, n: int) -> Workload:
+    """One transformer-shaped Linear (bias), x [m, k] -> [m, n], fp32."""
+    torch.manual_seed(0)
+    return Workload(
+        name=f"linear-{m}x{k}x{n}",
+        title=f"Linear {k} -> {n} (bias) on {m} rows, fp32",
+        module=_Linear(k, n).eval(),
+        inputs=(torch.randn(m, k, generator=_gen(1)),),
+        rtol=1e-4,
+    )
+
+
+# Issue 10's transformer GEMM shapes (M rows; K, N in 768..3072): BERT/GPT-2
+# base's four linears (qkv 768->2304, out 768->768, up 768->3072, down 3072->768).
+LINEAR_SHAPES: dict[str, tuple[int, int, int]] = {
+    f"linear-{m}x{k}x{n}": (m, k, n)
+    for m in (128, 512, 1024)
+    for k, n in ((768, 768), (768, 2304), (768, 3072), (3072, 768))
+}
+
+
 # --------------------------------------------------------------------------- registry
 
 WORKLOADS: dict[str, Callable[[bool], Workload]] = {
@@ -375,6 +405,9 @@ QUICK = ["mlp-b1", "gemm-fp32", "gemm-bf16", "bert-b1", "gpt2-prefill", "gpt2-de
 
 
 def build(name: str, tiny: bool = False) -> Workload:
+    if name in LINEAR_SHAPES:
+        m, k, n = LINEAR_SHAPES[name]
+        return linear_shape(8, 16, 24) if tiny else linear_shape(m, k, n)
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     return WORKLOADS[name](tiny)

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -192,6 +193,11 @@ bool free_cpu_kernel_memory(void* data) {
     }
   }
   return false;
+}
+
+uint64_t new_pool_number() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
 }
 
 void EmberDeviceAllocator::copy_data(void* dest, const void* src,

@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace ember {
@@ -49,6 +50,10 @@ std::optional<c10::DeviceIndex> pool_device_of(const c10::DataPtr& data_ptr);
 // Frees memory from allocate_for_cpu_kernel given only its pointer; returns
 // false (and does nothing) for a pointer that is not ember memory.
 bool free_cpu_kernel_memory(void* data);
+
+// A fresh private-pool number (MemPool and graph pools share the sequence:
+// the id (0, n) names one pool whoever made it).
+uint64_t new_pool_number();
 
 // Memory limit of a device as a fraction of its capacity (CUDA's
 // set_per_process_memory_fraction).

@@ -7,6 +7,7 @@
 
 #include "ember/runtime/caching_allocator.h"
 #include "ember/runtime/device.h"
+#include "ember/runtime/graph.h"
 
 namespace ember {
 
@@ -23,6 +24,8 @@ decltype(auto) translate_runtime_errors(Fn&& fn) {
   } catch (const runtime::AsyncError& e) {
     TORCH_CHECK(false, e.what());
   } catch (const runtime::ForkedWithWorkInFlight& e) {
+    TORCH_CHECK(false, e.what());
+  } catch (const runtime::CaptureError& e) {
     TORCH_CHECK(false, e.what());
   }
 }

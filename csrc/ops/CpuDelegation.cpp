@@ -12,6 +12,7 @@
 #include "core/CpuAllocationCapture.h"
 #include "core/EmberGenerator.h"
 #include "core/RuntimeErrors.h"
+#include "graphs/GraphCapture.h"
 #include "ops/DelegationCall.h"
 #include "ops/DeviceScope.h"
 #include "ops/FallbackStats.h"
@@ -115,6 +116,31 @@ c10::IValue result_from_cpu(c10::IValue value, DelegationCall& delegation) {
   return value;
 }
 
+// An argument as a graph replay keeps it: converted tensors as they are,
+// host tensors refused or copied (capture::keep_for_replay).
+c10::IValue replay_argument(const c10::IValue& original,
+                            const c10::IValue& converted, const OpPlan& plan) {
+  if (original.isTensor()) {
+    return capture::keep_for_replay(original.toTensor(), converted.toTensor(),
+                                    plan.name);
+  }
+  if (original.isTensorList() || original.isOptionalTensorList()) {
+    const bool optional = original.isOptionalTensorList();
+    const auto before = optional ? original.toOptionalTensorList().vec()
+                                 : std::vector<std::optional<at::Tensor>>();
+    if (!optional) {
+      for (const at::Tensor& t : original.toTensorList()) {
+        capture::keep_for_replay(t, t, plan.name);  // refuses host tensors
+      }
+    } else {
+      for (const auto& t : before) {
+        if (t.has_value()) capture::keep_for_replay(*t, *t, plan.name);
+      }
+    }
+  }
+  return converted;
+}
+
 }  // namespace
 
 void cpu_delegation_fallback(const c10::OperatorHandle& op,
@@ -126,6 +152,12 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
   const size_t first = stack->size() - num_arguments;
 
   DelegationCall delegation(plan.name, plan.accepts_cpu_tensors);
+  // While a graph may be captured, the arguments as the caller gave them
+  // (host tensors among them are refused or copied for replay).
+  torch::jit::Stack originals;
+  if (capture::underway()) [[unlikely]] {
+    originals.assign(stack->begin() + first, stack->end());
+  }
   for (size_t i = 0; i < num_arguments; ++i) {
     c10::IValue& argument = (*stack)[first + i];
     argument =
@@ -153,10 +185,34 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
     }
   }
 
-  run_on_device(device, [&] {
-    CpuAllocationCapture capture(device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  });
+  // The converted arguments, kept for a replay (only while capturing).
+  torch::jit::Stack replay_arguments;
+  if (!originals.empty() && capture::graph_for(device) != nullptr) {
+    for (size_t i = 0; i < num_arguments; ++i) {
+      replay_arguments.push_back(
+          replay_argument(originals[i], (*stack)[first + i], plan));
+    }
+  }
+  run_on_device_recorded(
+      device, plan.name,
+      [&] {
+        CpuAllocationCapture capture(device);
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+      },
+      [&] {
+        // The CPU results, before they become ember tensors: they share
+        // the memory the replayed kernel's fresh results are copied into.
+        return [op, arguments = std::move(replay_arguments),
+                captured = std::vector<c10::IValue>(stack->begin() + first,
+                                                    stack->end())] {
+          torch::jit::Stack replay = arguments;
+          op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                             &replay);
+          for (size_t i = 0; i < captured.size() && i < replay.size(); ++i) {
+            capture::store_result(captured[i], replay[i]);
+          }
+        };
+      });
 
   delegation.write_back();
   const size_t num_returns = stack->size() - first;

@@ -14,6 +14,7 @@
 #include "core/CpuAllocationCapture.h"
 #include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "observe/Profiler.h"
 #include "ops/LaunchStats.h"
@@ -35,10 +36,16 @@ inline c10::DeviceIndex current_device_index() {
 
 // A synchronous op: runs on the calling thread once the work queued on the
 // current stream has finished (a wait that is counted: launch_stats()).
+// Refused while that stream captures a graph (run_on_device_recorded is the
+// form a graph can replay).
 template <class Work>
 void run_on_device(c10::DeviceIndex device, Work&& work) {
   with_device_current(device, [&] {
     runtime::Stream& stream = runtime::device(device).streams().current();
+    if (capture::underway() && stream.capture() != nullptr) [[unlikely]] {
+      capture::refuse(observe::t_current_op ? observe::t_current_op : "an op",
+                      "it runs synchronously and has no replayable form yet");
+    }
     if (!stream.query()) [[unlikely]]
       count_wait(observe::t_current_op);
     stream.run(std::forward<Work>(work));
@@ -81,7 +88,8 @@ struct LaunchedWork {
 };
 
 // Whether op work may be launched asynchronously now
-// (torch.backends.ember.async_execution).
+// (torch.backends.ember.async_execution). A graph captures whichever form
+// runs, so its replay takes the same kernels as eager execution.
 inline bool launch_async() { return flags::async_execution(); }
 
 // Queues `work` on `device`'s current stream (the stream's worker runs it,
@@ -94,10 +102,39 @@ template <class Work>
 void launch_on_device(c10::DeviceIndex device, const char* name, Work work) {
   with_device_current(device, [&] {
     runtime::Stream& stream = runtime::device(device).streams().current();
-    stream.enqueue(name,
-                   LaunchedWork<Work>{device, launching_thread_count(device),
-                                      observe::trace_launch(stream.id()),
-                                      std::move(work)});
+    // A capturing stream records the unit as it is queued (Stream::enqueue);
+    // a recorded unit carries no profiler trace of its capture.
+    const bool capturing = capture::underway() && stream.capture() != nullptr;
+    stream.enqueue(
+        name, LaunchedWork<Work>{
+                  device, launching_thread_count(device),
+                  capturing ? std::nullopt : observe::trace_launch(stream.id()),
+                  std::move(work)});
+  });
+}
+
+// A synchronous op that a graph can replay: runs `work` as run_on_device
+// does and, while the current stream captures, records `make_replay()` (a
+// callable owning everything it uses, run later on the stream's worker
+// exactly as launched work is) under the name `op`. make_replay is called
+// after `work` has run, so it may take the results.
+template <class Work, class MakeReplay>
+void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
+                            Work&& work, MakeReplay&& make_replay) {
+  with_device_current(device, [&] {
+    runtime::Stream& stream = runtime::device(device).streams().current();
+    runtime::CapturedGraph* graph =
+        capture::underway() ? stream.capture() : nullptr;
+    if (!stream.query()) [[unlikely]]
+      count_wait(observe::t_current_op);
+    stream.run(std::forward<Work>(work));
+    if (graph != nullptr) [[unlikely]] {
+      auto replay = make_replay();
+      graph->record(
+          capture::interned(op),
+          LaunchedWork<decltype(replay)>{device, launching_thread_count(device),
+                                         std::nullopt, std::move(replay)});
+    }
   });
 }
 

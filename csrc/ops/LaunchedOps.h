@@ -30,47 +30,6 @@
 
 namespace ember::unboxed {
 
-// An argument kept by queued work: tensors as CPU aliases (or copied host
-// scalars), array and string views as owning copies.
-template <class T>
-struct Kept {
-  using type = std::decay_t<T>;
-};
-template <>
-struct Kept<c10::string_view> {
-  using type = std::string;
-};
-template <>
-struct Kept<c10::IntArrayRef> {
-  using type = std::vector<int64_t>;
-};
-template <>
-struct Kept<c10::SymIntArrayRef> {
-  using type = std::vector<c10::SymInt>;
-};
-template <>
-struct Kept<at::OptionalIntArrayRef> {
-  using type = std::optional<std::vector<int64_t>>;
-};
-template <class T>
-using kept_t = typename Kept<T>::type;
-
-// What the kernel gets back from a kept argument.
-template <class T>
-const T& use(const T& value) {
-  return value;
-}
-inline c10::string_view use(const std::string& value) { return value; }
-inline c10::IntArrayRef use(const std::vector<int64_t>& value) { return value; }
-inline c10::SymIntArrayRef use(const std::vector<c10::SymInt>& value) {
-  return value;
-}
-inline at::OptionalIntArrayRef use(
-    const std::optional<std::vector<int64_t>>& value) {
-  if (!value) return std::nullopt;
-  return c10::IntArrayRef(*value);
-}
-
 // A tensor argument for queued work: its CPU alias. A host tensor is kept
 // only if it is a 0-dim scalar (copied, so a later write by the caller
 // cannot reach the kernel); any other makes the call synchronous.
@@ -92,14 +51,7 @@ inline std::optional<at::Tensor> keep(DelegationCall& call,
 }
 template <class T>
 kept_t<T> keep(DelegationCall&, const T& value, bool&) {
-  if constexpr (std::is_same_v<kept_t<T>, std::decay_t<T>>) {
-    return value;
-  } else if constexpr (std::is_same_v<T, at::OptionalIntArrayRef>) {
-    if (!value.has_value()) return std::nullopt;
-    return value->vec();
-  } else {
-    return kept_t<T>(value.begin(), value.end());
-  }
+  return own(value);
 }
 
 // A fresh ember tensor laid out as `meta` (the meta function's result).

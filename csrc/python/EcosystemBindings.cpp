@@ -192,8 +192,7 @@ void bind_ecosystem(py::module& m) {
   // Private pools (torch.ember.MemPool). Ids are c10's MempoolId_t as CUDA
   // gives user pools: (0, n), n counting from 1; the runtime keys a pool by n.
   m.def("_mempool_create", [](int device) {
-    static std::atomic<rt::PoolId> next_pool{1};
-    const rt::PoolId pool = next_pool.fetch_add(1);
+    const rt::PoolId pool = new_pool_number();
     translate_runtime_errors(
         [&] { rt::device(device).allocator().create_pool(pool); });
     return py::make_tuple(0, pool);

@@ -15,9 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "core/EmberAllocator.h"
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
 #include "ember/runtime/stream.h"
+#include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
 
@@ -53,6 +55,17 @@ std::vector<int> thread_cpus() {
 }  // namespace
 
 void bind_engine(py::module& m) {
+  m.def(
+      "_graph_pool_handle", [] { return py::make_tuple(0, new_pool_number()); },
+      "A fresh graph memory pool id (torch.ember.graph_pool_handle).");
+  m.def(
+      "_is_current_stream_capturing",
+      [] {
+        return capture::underway() &&
+               rt::device(rt::current_device()).streams().current().capture() !=
+                   nullptr;
+      },
+      "Whether the current stream of the current device captures a graph.");
   m.def(
       "_engine_enqueue_sleep",
       [](int device, int64_t stream_id, double seconds) {

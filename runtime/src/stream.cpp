@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ember/runtime/device.h"
+#include "ember/runtime/graph.h"
 
 namespace ember::runtime {
 
@@ -141,6 +142,9 @@ void Stream::enqueue(const char* name, Work work) {
     // call does); the work is not queued.
     std::unique_lock<std::mutex> lock(mutex_);
     raise_pending_error(lock);
+  }
+  if (CapturedGraph* graph = capture()) [[unlikely]] {
+    graph->record(name, work);
   }
   if (launch_blocking()) [[unlikely]] {
     run(work);  // EMBER_LAUNCH_BLOCKING=1: errors surface at the call
@@ -285,15 +289,45 @@ void Stream::raise_pending_error(std::unique_lock<std::mutex>& lock) {
   throw AsyncError(message);
 }
 
-void Stream::wait_queue_for_run() { synchronize(); }
-
-void Stream::synchronize() {
+void Stream::wait_queue_for_run() {
+  // Stream order inside the stream (also while it captures: the captured
+  // synchronous unit runs after the launched ones before it).
   check_not_forked_broken();
   std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
   finished = take_finished();
   raise_pending_error(lock);
+}
+
+void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_ != nullptr) {
+    throw CaptureError("stream " + std::to_string(id_) + " of device " +
+                       std::to_string(device_index_) +
+                       " is already capturing a graph");
+  }
+  graph->set_capturing(true);
+  capture_ = std::move(graph);
+  capture_raw_.store(capture_.get(), std::memory_order_release);
+}
+
+std::shared_ptr<CapturedGraph> Stream::end_capture() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  capture_raw_.store(nullptr, std::memory_order_release);
+  if (capture_ != nullptr) capture_->set_capturing(false);
+  return std::move(capture_);
+}
+
+void Stream::synchronize() {
+  if (capture() != nullptr) [[unlikely]] {
+    throw CaptureError(
+        "operation not permitted when stream is capturing: a host wait on "
+        "stream " +
+        std::to_string(id_) + " of device " + std::to_string(device_index_) +
+        ", which is capturing a graph (end the capture first)");
+  }
+  wait_queue_for_run();
 }
 
 void Stream::wait_for(const EventState& state) {

@@ -8,6 +8,13 @@ import torch
 from torch_ember import _C
 from torch_ember.ember import ipc as _ipc
 from torch_ember.ember._utils import _device_index
+from torch_ember.ember.graphs import (
+    EmberGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from torch_ember.ember.memory import (
     MemPool,
     caching_allocator_alloc,
@@ -182,6 +189,7 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 __all__ = [
+    "EmberGraph",
     "Event",
     "MemPool",
     "OutOfMemoryError",
@@ -204,10 +212,14 @@ __all__ = [
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "graph",
+    "graph_pool_handle",
     "initial_seed",
     "ipc_collect",
     "is_available",
     "is_bf16_supported",
+    "is_current_stream_capturing",
+    "make_graphed_callables",
     "manual_seed",
     "manual_seed_all",
     "max_memory_allocated",

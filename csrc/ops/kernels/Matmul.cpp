@@ -89,8 +89,10 @@ at::Tensor mm(T a, T b) {
     return unboxed::functional<ops::mm, T, T>(a, b);
   }
   return unboxed::custom<at::Tensor>(
-      "aten::mm",
-      [](T ca, T cb) { return product("mm", {}, ca, cb, 0, 1, false); }, a, b);
+      "aten::mm", unboxed::replayable([](T ca, T cb) {
+        return product("mm", {}, ca, cb, 0, 1, false);
+      }),
+      a, b);
 }
 
 at::Tensor addmm(T self, T a, T b, S beta, S alpha) {
@@ -103,9 +105,9 @@ at::Tensor addmm(T self, T a, T b, S beta, S alpha) {
   }
   return unboxed::custom<at::Tensor>(
       "aten::addmm",
-      [&](T cself, T ca, T cb) {
+      unboxed::replayable([beta = beta, alpha = alpha](T cself, T ca, T cb) {
         return product("addmm", cself, ca, cb, beta, alpha, false);
-      },
+      }),
       self, a, b);
 }
 
@@ -114,8 +116,10 @@ at::Tensor bmm(T a, T b) {
     return unboxed::functional<ops::bmm, T, T>(a, b);
   }
   return unboxed::custom<at::Tensor>(
-      "aten::bmm",
-      [](T ca, T cb) { return product("bmm", {}, ca, cb, 0, 1, true); }, a, b);
+      "aten::bmm", unboxed::replayable([](T ca, T cb) {
+        return product("bmm", {}, ca, cb, 0, 1, true);
+      }),
+      a, b);
 }
 
 at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
@@ -125,9 +129,9 @@ at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
   }
   return unboxed::custom<at::Tensor>(
       "aten::baddbmm",
-      [&](T cself, T ca, T cb) {
+      unboxed::replayable([beta = beta, alpha = alpha](T cself, T ca, T cb) {
         return product("baddbmm", cself, ca, cb, beta, alpha, true);
-      },
+      }),
       self, a, b);
 }
 
@@ -136,12 +140,11 @@ at::Tensor& mm_out(T a, T b, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::mm"), out, a, b);
   }
-  return unboxed::custom_out(
-      "aten::mm.out",
-      [](at::Tensor& o, T ca, T cb) {
-        product_out("mm", o, {}, ca, cb, 0, 1, false);
-      },
-      out, a, b);
+  return unboxed::custom_out("aten::mm.out",
+                             unboxed::replayable([](at::Tensor& o, T ca, T cb) {
+                               product_out("mm", o, {}, ca, cb, 0, 1, false);
+                             }),
+                             out, a, b);
 }
 
 at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
@@ -152,9 +155,10 @@ at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
   }
   return unboxed::custom_out(
       "aten::addmm.out",
-      [&](at::Tensor& o, T cself, T ca, T cb) {
-        product_out("addmm", o, cself, ca, cb, beta, alpha, false);
-      },
+      unboxed::replayable(
+          [beta = beta, alpha = alpha](at::Tensor& o, T cself, T ca, T cb) {
+            product_out("addmm", o, cself, ca, cb, beta, alpha, false);
+          }),
       out, self, a, b);
 }
 
@@ -162,12 +166,11 @@ at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::bmm"), out, a, b);
   }
-  return unboxed::custom_out(
-      "aten::bmm.out",
-      [](at::Tensor& o, T ca, T cb) {
-        product_out("bmm", o, {}, ca, cb, 0, 1, true);
-      },
-      out, a, b);
+  return unboxed::custom_out("aten::bmm.out",
+                             unboxed::replayable([](at::Tensor& o, T ca, T cb) {
+                               product_out("bmm", o, {}, ca, cb, 0, 1, true);
+                             }),
+                             out, a, b);
 }
 
 at::Tensor& baddbmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
@@ -177,9 +180,10 @@ at::Tensor& baddbmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
   }
   return unboxed::custom_out(
       "aten::baddbmm.out",
-      [&](at::Tensor& o, T cself, T ca, T cb) {
-        product_out("baddbmm", o, cself, ca, cb, beta, alpha, true);
-      },
+      unboxed::replayable(
+          [beta = beta, alpha = alpha](at::Tensor& o, T cself, T ca, T cb) {
+            product_out("baddbmm", o, cself, ca, cb, beta, alpha, true);
+          }),
       out, self, a, b);
 }
 

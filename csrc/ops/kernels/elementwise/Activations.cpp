@@ -64,12 +64,12 @@ at::Tensor tanh(const at::Tensor& self) {
   }
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::tanh",
-      [&](const at::Tensor& x) {
-        at::Tensor result = at::empty(x.sizes(), x.options(), *layout);
+      unboxed::replayable([format = *layout](const at::Tensor& x) {
+        at::Tensor result = at::empty(x.sizes(), x.options(), format);
         tanh_f32(x.const_data_ptr<float>(), result.mutable_data_ptr<float>(),
                  x.numel());
         return result;
-      },
+      }),
       self);
   observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
   return out;

@@ -1,9 +1,15 @@
 #include "ops/kernels/matmul/FastGemm.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/relu.h>
 
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
@@ -71,7 +77,40 @@ struct Plan {
   std::optional<at::Tensor> bias;
   std::shared_ptr<const PackedWeight> packed;
   bool bf16 = false;
+  // Set when a graph captures the call: the weight (its version at capture)
+  // and its CPU alias. A replay that finds the weight written since (an
+  // optimizer step between replays) computes from the weight's memory
+  // instead of the pack taken at capture.
+  at::Tensor weight;
+  int64_t weight_version = 0;
+  at::Tensor weight_cpu;
+  bool pack_is_stale() const {
+    return weight.defined() &&
+           static_cast<int64_t>(weight.unsafeGetTensorImpl()
+                                    ->version_counter()
+                                    .current_version()) != weight_version;
+  }
 };
+
+// bias + a @ weight (+ activation) by ATen's CPU kernels on CPU tensors: the
+// route of a replayed call whose pack went stale.
+at::Tensor unpacked_linear(const at::Tensor& a, const at::Tensor& weight_cpu,
+                           const std::optional<at::Tensor>& bias,
+                           Epilogue epilogue) {
+  at::Tensor out =
+      bias ? at::addmm(*bias, a, weight_cpu) : at::mm(a, weight_cpu);
+  switch (epilogue) {
+    case Epilogue::kRelu:
+      return out.relu_();
+    case Epilogue::kGeluErf:
+      return at::gelu(out);
+    case Epilogue::kGeluTanh:
+      return at::gelu(out, "tanh");
+    case Epilogue::kNone:
+      break;
+  }
+  return out;
+}
 
 std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
                          const at::Tensor& b, const at::Scalar& beta,
@@ -80,6 +119,13 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
   // the autotuner times (they run on the unpacked operand).
   if (flags::cpu_parity() || flags::deterministic() ||
       flags::blas_library() != flags::BlasLibrary::kDefault) {
+    return std::nullopt;
+  }
+  // A graph capturing a training step (the weight requires grad) reads
+  // the weight from its memory: a graphed optimizer step writes it, and a
+  // pack is a copy taken at capture time. Inference graphs keep the packed
+  // kernels (weights written between replays are checked at each replay).
+  if (capture::underway() && at::GradMode::is_enabled() && b.requires_grad()) {
     return std::nullopt;
   }
   const c10::Device device = a.device();
@@ -110,11 +156,22 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
   if (!plan.packed) return std::nullopt;
+  if (capture::underway()) [[unlikely]] {
+    plan.weight = b;
+    plan.weight_version = static_cast<int64_t>(
+        b.unsafeGetTensorImpl()->version_counter().current_version());
+    plan.weight_cpu = cpu_alias(b);
+  }
   return plan;
 }
 
 // The skinny kernel into `out` (rows of unit stride, row stride ldc).
 void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
+  if (plan.pack_is_stale()) [[unlikely]] {
+    const_cast<at::Tensor&>(out).copy_(
+        unpacked_linear(a, plan.weight_cpu, plan.bias, Epilogue::kNone));
+    return;
+  }
   const float* bias = plan.bias ? plan.bias->const_data_ptr<float>() : nullptr;
   float* c = out.mutable_data_ptr<float>();
   if (plan.bf16) {
@@ -133,17 +190,22 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
   const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
-      [&](const at::Tensor& ca, const std::optional<at::Tensor>& cbias) {
-        if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
-        // "medium": bf16 operands, fp32 accumulation; the result comes back
-        // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
-        // fp32.
-        at::Tensor result =
-            onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
-                .to(at::kFloat);
-        if (cbias) result.add_(*cbias);
-        return result;
-      },
+      unboxed::replayable(
+          [plan, bf16, epilogue](const at::Tensor& ca,
+                                 const std::optional<at::Tensor>& cbias) {
+            if (plan.pack_is_stale()) [[unlikely]] {
+              return unpacked_linear(ca, plan.weight_cpu, cbias, epilogue);
+            }
+            if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
+            // "medium": bf16 operands, fp32 accumulation; the result comes back
+            // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
+            // fp32.
+            at::Tensor result =
+                onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
+                    .to(at::kFloat);
+            if (cbias) result.add_(*cbias);
+            return result;
+          }),
       a, plan.bias);
   observe::mark_path(observe::ExecutionPath::kNative,
                      bf16                          ? "onednn/bf16-packed"
@@ -191,10 +253,18 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
     count_launch(name);
     return out;
   }
-  run_on_device(device, [&] {
-    out = at::empty({a.size(0), b.size(1)}, a.options());
-    run_skinny(*route, a, out);
-  });
+  run_on_device_recorded(
+      device, "aten::addmm (skinny)",
+      [&] {
+        out = at::empty({a.size(0), b.size(1)}, a.options());
+        run_skinny(*route, a, out);
+      },
+      [&] {
+        Plan kept = *route;
+        if (kept.bias) kept.bias = cpu_alias(*kept.bias);
+        return [kept = std::move(kept), a_cpu = cpu_alias(a),
+                out_cpu = cpu_alias(out)] { run_skinny(kept, a_cpu, out_cpu); };
+      });
   return out;
 }
 
@@ -212,6 +282,7 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
       (self.defined() && out.storage().is_alias_of(self.storage()))) {
     return false;
   }
+  if (capture::underway()) return false;  // the general route records
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return false;
   if (route->packed->onednn.defined()) {

@@ -12,10 +12,23 @@
 
 #include "core/CpuAllocationCapture.h"
 #include "core/EmberAllocator.h"
+#include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
 
 namespace ember::matmul {
 namespace {
+
+// Before packing reads a weight: the work queued on the device (which may
+// write it) must have run. A stream capturing a graph refuses host waits;
+// packing then waits for that stream's queue only (stream order, as the
+// synchronous op around it would).
+void wait_before_packing(c10::DeviceIndex device) {
+  if (capture::graph_for(device) != nullptr) {
+    runtime::device(device).streams().current().run([] {});
+    return;
+  }
+  synchronize_for_host_read(device);
+}
 
 // Enough for the weights of a model of a few hundred million fp32
 // parameters in both layouts; beyond it the least recently used go.
@@ -194,7 +207,7 @@ class PackCache {
     // Packing reads the weight on this thread: work still queued may be
     // writing it. (Packing runs only on submitting threads, never in
     // launched work, so waiting here under the cache lock cannot deadlock.)
-    synchronize_for_host_read(packed->device);
+    wait_before_packing(packed->device);
     const at::Tensor cpu_weight =
         at::from_blob(const_cast<void*>(w.const_data_ptr()), w.sizes(),
                       w.strides(), at::TensorOptions().dtype(w.scalar_type()));
@@ -223,7 +236,7 @@ class PackCache {
     if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
-    synchronize_for_host_read(device);  // as in pack_with
+    wait_before_packing(device);  // as in pack_with
     const float* data = b.const_data_ptr<float>();
     try {
       if (kind == PackKind::kOneDnn || kind == PackKind::kOneDnnBf16) {

@@ -35,6 +35,8 @@
 
 namespace ember::runtime {
 
+class CapturedGraph;
+
 using StreamId = int64_t;
 inline constexpr StreamId kDefaultStreamId = 0;
 
@@ -122,6 +124,18 @@ class Stream final {
   // Waits for the queued work and destroys it; raises nothing.
   void wait_quietly();
 
+  // Graph capture (graph.h): from begin_capture to end_capture, every unit
+  // queued on this stream is also recorded, in order, into `graph` (it
+  // still runs as usual), and synchronize() raises CaptureError: the host
+  // may not wait on a capturing stream. begin_capture raises CaptureError
+  // when the stream already captures.
+  void begin_capture(std::shared_ptr<CapturedGraph> graph);
+  // Ends the capture (nullptr if there was none) and returns its graph.
+  std::shared_ptr<CapturedGraph> end_capture();
+  // The graph this stream records into, or nullptr.
+  CapturedGraph* capture() const {
+    return capture_raw_.load(std::memory_order_acquire);
+  }
   // Stops the worker after it has run everything queued (idempotent); later
   // work runs inline. Called at exit for every device.
   void shutdown();
@@ -175,7 +189,9 @@ class Stream final {
   std::thread* worker_ = nullptr;  // leaked in a forked child
   bool stopping_ = false;
   bool shut_down_ = false;
-  std::string error_;  // first error, not yet reported
+  std::string error_;                       // first error, not yet reported
+  std::shared_ptr<CapturedGraph> capture_;  // guarded by mutex_
+  std::atomic<CapturedGraph*> capture_raw_{nullptr};
 };
 
 // The streams of one device. Stream 0 is the default stream; new streams

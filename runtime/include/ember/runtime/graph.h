@@ -1,0 +1,66 @@
+// Graph capture and replay (the CUDA-graphs model): while a stream captures,
+// the units of work submitted to it are also kept, in order, in a
+// CapturedGraph; replay() later queues them all on a stream as one unit of
+// work, so replaying a graph costs the host one enqueue whatever its size.
+// Plain C++, no torch headers.
+//
+// What a unit is, and that it can run again, is the submitter's business:
+// queued work (Stream::enqueue) is recorded as it is; synchronous work
+// (Stream::run) cannot be, so the layer above records a replayable form of
+// it itself (record()) and refuses what it cannot record.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ember::runtime {
+
+class Stream;
+
+// A call that is not allowed while a stream captures (a host wait on the
+// capturing stream, work that cannot be recorded), as CUDA's
+// cudaErrorStreamCaptureUnsupported.
+class CaptureError final : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class CapturedGraph final {
+ public:
+  using Work = std::function<void()>;
+
+  // Appends a unit; `name` (static) names it in a replay error.
+  void record(const char* name, Work work);
+  std::size_t size() const;
+  // Names of the recorded units, in order (graph inspection, tests).
+  std::vector<std::string> names() const;
+  // Queues one unit of work on `stream` that runs every recorded unit in
+  // order (an error names the unit that failed). Raises std::logic_error
+  // for an empty graph or one that is still being captured.
+  void replay(Stream& stream) const;
+  // Drops every unit (and what the units hold).
+  void clear();
+
+  // Set by Stream::begin_capture / end_capture.
+  void set_capturing(bool capturing);
+  bool capturing() const;
+
+ private:
+  struct Unit {
+    const char* name;
+    Work work;
+  };
+  mutable std::mutex mutex_;
+  // Shared with replays in flight, so clear() never pulls units from under
+  // a running replay.
+  std::shared_ptr<std::vector<Unit>> units_ =
+      std::make_shared<std::vector<Unit>>();
+  bool capturing_ = false;
+};
+
+}  // namespace ember::runtime

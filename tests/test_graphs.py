@@ -1,0 +1,317 @@
+"""Graph capture and replay (torch.ember.EmberGraph, torch.ember.graph,
+make_graphed_callables, torch.accelerator.Graph): replays equal eager
+execution bit for bit, in-place ops and views, RNG per replay, pools shared
+between graphs, the errors CUDA raises, memory released by reset()."""
+
+import pytest
+import torch
+
+import torch_ember
+
+DEV = "ember"
+
+
+def _mlp(width=32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.GELU(),
+        torch.nn.Linear(width, 8),
+    ).to(DEV)
+
+
+def _capture(fn, *args):
+    fn(*args)  # warm-up, as with CUDA graphs (ember packs weights on first use)
+    g = torch.ember.EmberGraph()
+    with torch.ember.graph(g):
+        out = fn(*args)
+    return g, out
+
+
+@pytest.mark.parametrize("batch", [1, 4, 64])
+def test_mlp_replay_is_bitwise_equal_to_eager(batch):
+    model = _mlp().eval()
+    static_x = torch.randn(batch, 32, device=DEV)
+    with torch.inference_mode():
+        g, static_y = _capture(model, static_x)
+        for seed in range(3):
+            new = torch.randn(batch, 32, generator=torch.Generator().manual_seed(seed))
+            static_x.copy_(new)
+            g.replay()
+            expected = model(new.to(DEV))
+            assert torch.equal(static_y.cpu(), expected.cpu())
+
+
+def test_capture_leaves_real_values_and_records_units():
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode():
+        expected = model(x).cpu()
+        g = torch.ember.EmberGraph()
+        g.enable_debug_mode()
+        with torch.ember.graph(g):
+            y = model(x)
+    assert torch.equal(y.cpu(), expected)
+
+
+def test_debug_dump_lists_the_captured_ops(tmp_path):
+    x = torch.randn(8, device=DEV)
+    g = torch.ember.EmberGraph()
+    g.enable_debug_mode()
+    with torch.ember.graph(g):
+        y = torch.relu(x) * 2
+    path = tmp_path / "graph.txt"
+    g.debug_dump(str(path))
+    units = path.read_text().split()
+    assert units == ["aten::relu", "aten::mul.Tensor"], units
+    del y
+
+
+def test_replay_does_no_per_op_host_work():
+    model = _mlp().eval()
+    x = torch.randn(1, 32, device=DEV)
+    with torch.inference_mode():
+        g, _ = _capture(model, x)
+        torch.ember.synchronize()
+        torch_ember.reset_launch_stats()
+        for _ in range(5):
+            g.replay()
+        torch.ember.synchronize()
+    stats = torch_ember.launch_stats()
+    assert sum(stats.get("launches", {}).values()) == 0, stats
+
+
+def test_transformer_block_replays_like_eager():
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True)
+    block = block.to(DEV).eval()
+    x = torch.randn(2, 10, 64, device=DEV)
+    with torch.no_grad():
+        g, y = _capture(block, x)
+        new = torch.randn(2, 10, 64)
+        x.copy_(new)
+        g.replay()
+        assert torch.equal(y.cpu(), block(new.to(DEV)).cpu())
+
+
+def test_in_place_ops_and_views_replay_each_time():
+    x = torch.zeros(6, device=DEV)
+    g = torch.ember.EmberGraph()
+    with torch.ember.graph(g):
+        x.add_(1)
+        tail = x[2:]
+        tail.mul_(2)
+        total = x.sum()
+    assert x.cpu().tolist() == [1, 1, 2, 2, 2, 2]  # the capture's own run
+    g.replay()
+    assert x.cpu().tolist() == [2, 2, 6, 6, 6, 6]
+    assert total.item() == 28
+    g.replay()
+    assert x.cpu().tolist() == [3, 3, 14, 14, 14, 14]
+
+
+def test_dropout_draws_new_numbers_per_replay_matching_eager():
+    x = torch.ones(1000, device=DEV)
+    drop = torch.nn.Dropout(0.5)
+    g = torch.ember.EmberGraph()
+    with torch.ember.graph(g):
+        y = drop(x)
+    torch.ember.manual_seed(123)
+    replays = []
+    for _ in range(3):
+        g.replay()
+        replays.append(y.cpu().clone())
+    assert not torch.equal(replays[0], replays[1])
+    torch.ember.manual_seed(123)
+    eager = [drop(x).cpu() for _ in range(3)]
+    for r, e in zip(replays, eager):
+        assert torch.equal(r, e)
+
+
+def test_capture_consumes_no_random_numbers():
+    torch.ember.manual_seed(7)
+    expected = torch.rand(4, device=DEV).cpu()
+    torch.ember.manual_seed(7)
+    x = torch.ones(4, device=DEV)
+    g = torch.ember.EmberGraph()
+    with torch.ember.graph(g):
+        x.bernoulli_(0.5)
+    assert torch.equal(torch.rand(4, device=DEV).cpu(), expected)
+
+
+def test_graphs_share_a_pool_and_replay_in_capture_order():
+    pool = torch.ember.graph_pool_handle()
+    a = torch.randn(16, device=DEV)
+    g1, g2 = torch.ember.EmberGraph(), torch.ember.EmberGraph()
+    with torch.ember.graph(g1, pool=pool):
+        b = a * 3
+    with torch.ember.graph(g2, pool=g1.pool()):
+        c = b + 1
+    assert g1.pool() == g2.pool() == pool
+    new = torch.randn(16)
+    a.copy_(new)
+    g1.replay()
+    g2.replay()
+    assert torch.equal(c.cpu(), new * 3 + 1)
+
+
+def test_replay_on_the_default_stream_after_capture():
+    a = torch.randn(8, device=DEV)
+    g, b = _capture(torch.neg, a)
+    assert torch.ember.current_stream() == torch.ember.default_stream()
+    g.replay()
+    torch.ember.synchronize()
+    assert torch.equal(b.cpu(), -a.cpu())
+
+
+def test_accelerator_graph_works_on_ember():
+    x = torch.zeros(4, device=DEV)
+    s = torch.ember.Stream()
+    g = torch.accelerator.Graph()
+    with torch.ember.stream(s), g:
+        x += 1
+    g.replay()
+    assert x.cpu().tolist() == [2.0] * 4
+
+
+def test_is_current_stream_capturing():
+    assert not torch.ember.is_current_stream_capturing()
+    g = torch.ember.EmberGraph()
+    x = torch.ones(2, device=DEV)
+    with torch.ember.graph(g):
+        assert torch.ember.is_current_stream_capturing()
+        x.mul_(2)
+    assert not torch.ember.is_current_stream_capturing()
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_capture_on_the_default_stream_is_refused():
+    g = torch.ember.EmberGraph()
+    with pytest.raises(RuntimeError, match="non-default stream"):
+        g.capture_begin()
+    torch.ones(2, device=DEV).add_(1)  # nothing left capturing
+
+
+@pytest.mark.parametrize(
+    "sync_point",
+    [
+        lambda t: t.sum().item(),
+        lambda t: t.cpu(),
+        lambda t: torch.ember.synchronize(),
+        lambda t: print(t),
+    ],
+    ids=["item", "cpu", "synchronize", "print"],
+)
+def test_a_sync_point_inside_capture_raises_and_leaves_ember_usable(sync_point):
+    x = torch.ones(4, device=DEV)
+    g = torch.ember.EmberGraph()
+    with pytest.raises(RuntimeError, match="captur"), torch.ember.graph(g):
+        y = x * 2
+        sync_point(y)
+    assert not torch.ember.is_current_stream_capturing()
+    with pytest.raises(RuntimeError, match="no captured graph"):
+        g.replay()
+    assert (x * 3).cpu().tolist() == [3.0] * 4
+
+
+def test_a_host_tensor_read_inside_capture_is_refused():
+    x = torch.ones(4, device=DEV)
+    host = torch.arange(4.0)
+    g = torch.ember.EmberGraph()
+    with pytest.raises(RuntimeError, match="cannot be captured"), torch.ember.graph(g):
+        x.copy_(host)
+    assert torch.equal(x.cpu(), torch.ones(4))
+
+
+def test_capture_must_end_on_its_stream():
+    g = torch.ember.EmberGraph()
+    s = torch.ember.Stream()
+    x = torch.ones(2, device=DEV)
+    with torch.ember.stream(s):
+        g.capture_begin()
+        x.mul_(2)
+    with pytest.raises(RuntimeError, match="same stream"):
+        g.capture_end()
+    assert not torch.ember.is_current_stream_capturing()
+
+
+def test_replay_before_capture_and_double_capture_raise():
+    g = torch.ember.EmberGraph()
+    with pytest.raises(RuntimeError, match="no captured graph"):
+        g.replay()
+    x = torch.ones(2, device=DEV)
+    with torch.ember.graph(g):
+        x.add_(1)
+    with (
+        pytest.raises(RuntimeError, match="already owns a captured graph"),
+        torch.ember.graph(g),
+    ):
+        x.add_(1)
+    g.reset()
+    with torch.ember.graph(g):  # reusable after reset
+        x.add_(1)
+    g.replay()
+
+
+def test_empty_capture_and_bad_mode_raise():
+    g = torch.ember.EmberGraph()
+    with pytest.raises(RuntimeError, match="recorded no work"), torch.ember.graph(g):
+        pass
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        g.capture_begin(capture_error_mode="loose")
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_reset_and_empty_cache_release_graph_memory():
+    torch.ember.empty_cache()
+    x = torch.randn(256, 1024, device=DEV)
+    base = torch.ember.memory_reserved()
+    g = torch.ember.EmberGraph()
+    with torch.ember.graph(g):
+        y = (x * 2).relu() + 1
+    held = torch.ember.memory_reserved()
+    assert held > base
+    del y
+    g.reset()
+    torch.ember.empty_cache()
+    assert torch.ember.memory_reserved() == base
+
+
+# --------------------------------------------------------------------------- graphed callables
+
+
+def test_make_graphed_callables_training_matches_eager():
+    model = _mlp(16)
+    reference = _mlp(16)
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 16, device=DEV, requires_grad=True)
+    graphed = torch.ember.make_graphed_callables(model, (x,))
+    for seed in range(2):
+        data = torch.randn(4, 16, generator=torch.Generator().manual_seed(seed)).to(DEV)
+        model.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
+        graphed(data.requires_grad_()).sum().backward()
+        reference(data.detach().requires_grad_()).sum().backward()
+        for p, r in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad.cpu(), r.grad.cpu(), rtol=0, atol=0)
+
+
+def test_make_graphed_callables_function_inference():
+    w = torch.randn(8, 8, device=DEV)
+
+    def fn(a):
+        return torch.tanh(a @ w)
+
+    sample = torch.randn(3, 8, device=DEV)
+    fn(sample)
+    graphed = torch.ember.make_graphed_callables(fn, (sample,))
+    data = torch.randn(3, 8, device=DEV)
+    assert torch.equal(graphed(data).cpu(), fn(data).cpu())
+    with pytest.raises(ValueError, match="differs from the sample"):
+        graphed(torch.randn(4, 8, device=DEV))
