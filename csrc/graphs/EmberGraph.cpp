@@ -8,6 +8,7 @@
 #include "core/EmberGenerator.h"
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/device.h"
+#include "flags/BackendFlags.h"
 #include "graphs/GraphCapture.h"
 
 namespace ember {
@@ -104,7 +105,16 @@ void EmberGraphImpl::replay() {
               "replay() of an EmberGraph with no captured graph (capture "
               "first, or the graph was reset)");
   rt::Stream& stream = rt::device(device_).streams().current();
-  translate_runtime_errors([&] { graph_->replay(stream); });
+  // With asynchronous execution off (the default below 4 cores) the replay
+  // runs on the calling thread, as every op then does: a hand-off to the
+  // worker would cost more than the host work it saves.
+  translate_runtime_errors([&] {
+    if (flags::async_execution()) {
+      graph_->replay(stream);
+    } else {
+      graph_->replay_inline(stream);
+    }
+  });
 }
 
 void EmberGraphImpl::reset() {

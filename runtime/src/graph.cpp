@@ -26,25 +26,34 @@ std::vector<std::string> CapturedGraph::names() const {
   return out;
 }
 
-void CapturedGraph::replay(Stream& stream) const {
-  std::shared_ptr<const std::vector<Unit>> units;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (capturing_) {
-      throw std::logic_error("replay of a graph that is still being captured");
-    }
-    if (units_->empty()) throw std::logic_error("replay of an empty graph");
-    units = units_;
+std::shared_ptr<const std::vector<CapturedGraph::Unit>>
+CapturedGraph::units_for_replay() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capturing_) {
+    throw std::logic_error("replay of a graph that is still being captured");
   }
-  stream.enqueue("graph replay", [units = std::move(units)] {
-    for (const Unit& unit : *units) {
-      try {
-        unit.work();
-      } catch (const std::exception& e) {
-        throw std::runtime_error(std::string(unit.name) + ": " + e.what());
-      }
+  if (units_->empty()) throw std::logic_error("replay of an empty graph");
+  return units_;
+}
+
+void CapturedGraph::run_units(const std::vector<Unit>& units) {
+  for (const Unit& unit : units) {
+    try {
+      unit.work();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string(unit.name) + ": " + e.what());
     }
-  });
+  }
+}
+
+void CapturedGraph::replay(Stream& stream) const {
+  stream.enqueue("graph replay",
+                 [units = units_for_replay()] { run_units(*units); });
+}
+
+void CapturedGraph::replay_inline(Stream& stream) const {
+  const auto units = units_for_replay();
+  stream.run([&] { run_units(*units); });
 }
 
 void CapturedGraph::clear() {

@@ -47,6 +47,20 @@ TEST(Graph, ReplayRunsEveryUnitInOrderAsOneQueuedUnit) {
             (std::vector<int>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
 }
 
+TEST(Graph, InlineReplayRunsOnTheCallingThreadAfterQueuedWork) {
+  Stream stream(0, 1, 0);
+  auto graph = std::make_shared<CapturedGraph>();
+  std::vector<int> order;
+  stream.begin_capture(graph);
+  stream.enqueue("unit", [&order] { order.push_back(1); });
+  stream.end_capture();
+  stream.synchronize();
+  order.clear();
+  stream.enqueue("before", [&order] { order.push_back(0); });
+  graph->replay_inline(stream);  // waits for "before" first
+  EXPECT_EQ(order, (std::vector<int>{0, 1}));
+}
+
 TEST(Graph, HostWaitOnACapturingStreamIsRefused) {
   Stream stream(0, 1, 0);
   auto graph = std::make_shared<CapturedGraph>();

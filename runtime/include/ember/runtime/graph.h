@@ -43,6 +43,10 @@ class CapturedGraph final {
   // order (an error names the unit that failed). Raises std::logic_error
   // for an empty graph or one that is still being captured.
   void replay(Stream& stream) const;
+  // The same, run on the calling thread in stream order (Stream::run): for
+  // an engine running synchronously, where a hand-off to the worker costs
+  // more than it hides. Errors reach the caller directly.
+  void replay_inline(Stream& stream) const;
   // Drops every unit (and what the units hold).
   void clear();
 
@@ -55,6 +59,9 @@ class CapturedGraph final {
     const char* name;
     Work work;
   };
+  std::shared_ptr<const std::vector<Unit>> units_for_replay() const;
+  static void run_units(const std::vector<Unit>& units);
+
   mutable std::mutex mutex_;
   // Shared with replays in flight, so clear() never pulls units from under
   // a running replay.
