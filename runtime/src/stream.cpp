@@ -33,6 +33,9 @@ std::atomic<bool> forked_broken{false};
 // idle and synchronize_all has nothing to wait for (the common synchronous
 // case pays one load per host read).
 std::atomic<bool> any_work_queued{false};
+// Streams capturing a graph, process-wide: synchronize_all must reach a
+// capturing stream (to refuse the wait) even when nothing was ever queued.
+std::atomic<int> capturing_streams{0};
 
 // Current stream id of each pool on this thread; pools this thread never
 // set a stream on are absent and use the default stream.
@@ -310,12 +313,16 @@ void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph) {
   graph->set_capturing(true);
   capture_ = std::move(graph);
   capture_raw_.store(capture_.get(), std::memory_order_release);
+  capturing_streams.fetch_add(1, std::memory_order_release);
 }
 
 std::shared_ptr<CapturedGraph> Stream::end_capture() {
   std::lock_guard<std::mutex> lock(mutex_);
   capture_raw_.store(nullptr, std::memory_order_release);
-  if (capture_ != nullptr) capture_->set_capturing(false);
+  if (capture_ != nullptr) {
+    capture_->set_capturing(false);
+    capturing_streams.fetch_sub(1, std::memory_order_release);
+  }
   return std::move(capture_);
 }
 
@@ -427,7 +434,10 @@ std::vector<Stream*> snapshot(std::mutex& mutex,
 }  // namespace
 
 void StreamPool::synchronize_all() {
-  if (!any_work_queued.load(std::memory_order_acquire)) return;
+  if (!any_work_queued.load(std::memory_order_acquire) &&
+      capturing_streams.load(std::memory_order_acquire) == 0) {
+    return;
+  }
   // Snapshot so synchronizing (which waits on work that may create streams)
   // does not hold the lock. Every stream is waited for before the first
   // pending error is raised.
