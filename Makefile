@@ -122,6 +122,14 @@ bench-breakdown: setup
 	BENCH_COMMAND="make bench-breakdown$(if $(BREAKDOWN_ARGS), BREAKDOWN_ARGS=\"$(BREAKDOWN_ARGS)\",)" \
 	  $(PY) benchmarks/op_breakdown.py $(BREAKDOWN_ARGS)
 
+# Graph replay against eager (issue 12): mlp-b1 and GPT-2 small decode with a
+# static KV cache, one replay per call/token, against CPU and ember eager (~2 min).
+# Writes docs/bench/graphs.md.
+.PHONY: bench-graphs
+
+bench-graphs: bench-deps
+	BENCH_COMMAND="make bench-graphs" $(PY) benchmarks/graphs.py
+
 # Transformer-shaped fp32 GEMMs (issue 10: M=128..1024, K,N=768..3072),
 # ember against ONNX Runtime, OpenVINO and zentorch in one run (~5 min).
 #   make bench-gemm-shapes

@@ -186,6 +186,46 @@ def test_is_current_stream_capturing():
     assert not torch.ember.is_current_stream_capturing()
 
 
+def test_static_cache_decode_replays_the_eager_tokens():
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=100, n_positions=64)
+    model = tr.GPT2LMHeadModel(cfg).eval().to(DEV)
+    prompt = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(1))
+
+    def start():
+        cache = tr.StaticCache(config=cfg, max_cache_len=32)
+        out = model(
+            input_ids=prompt.to(DEV),
+            past_key_values=cache,
+            cache_position=torch.arange(6, device=DEV),
+        )
+        return cache, out.logits[:, -1:].argmax(-1), torch.tensor([6], device=DEV)
+
+    def step(cache, token, position):
+        logits = model(input_ids=token, past_key_values=cache, cache_position=position)
+        token.copy_(logits.logits[:, -1].argmax(-1, keepdim=True))
+        position.add_(1)
+
+    with torch.inference_mode():
+        cache, token, position = start()
+        eager = []
+        for _ in range(8):
+            step(cache, token, position)
+            eager.append(token.item())
+        cache, token, position = start()
+        step(cache, token, position)  # warm-up: the first eager token
+        replayed = [token.item()]
+        g = torch.ember.EmberGraph()
+        with torch.ember.graph(g):
+            step(cache, token, position)  # capture runs the second
+        replayed.append(token.item())
+        for _ in range(6):
+            g.replay()
+            replayed.append(token.item())
+    assert replayed == eager
+
+
 # --------------------------------------------------------------------------- errors
 
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "ops/CpuAlias.h"
 #include "ops/LaunchedOps.h"
@@ -154,10 +155,20 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
       return *std::move(launched);
     }
   }
+  // A graph replays the kernel: it keeps the key, value and mask memory
+  // the problem points into (the query comes as the kernel's argument).
+  std::vector<at::Tensor> held;
+  if (capture::underway()) [[unlikely]] {
+    held = {cpu_alias(key), cpu_alias(value)};
+    if (attn_mask.has_value() && attn_mask->defined()) {
+      held.push_back(cpu_alias(*attn_mask));
+    }
+  }
   auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
       "aten::_scaled_dot_product_flash_attention_for_cpu",
-      [&](const at::Tensor& q) {
-        attn::Problem& p = *problem;
+      unboxed::replayable([problem = *problem,
+                           held = std::move(held)](const at::Tensor& q) {
+        attn::Problem p = problem;  // the kernel fills in its output
         // CPU's layouts: the output is laid out like the query (empty_like),
         // the logsumexp is a [batch, row, head] buffer seen as [batch, head,
         // row].
@@ -173,7 +184,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         forward_into(p, target, lse);
         if (!direct) out.copy_(target);
         return std::make_tuple(out, lse);
-      },
+      }),
       query);
   observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
   return result;

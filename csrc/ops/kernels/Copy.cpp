@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "graphs/GraphCapture.h"
 #include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
@@ -49,6 +50,25 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   }
   at::Tensor src_host = host_view(self);
   at::Tensor dst_host = host_view(dst);
+  if (self.is_privateuseone() && dst.is_privateuseone() &&
+      self.device() == dst.device()) {
+    // Within one device a graph may replay the copy.
+    run_on_device_recorded(
+        device, "aten::copy_", [&] { dst_host.copy_(src_host); },
+        [&] {
+          return [src = src_host, target = dst_host]() mutable {
+            target.copy_(src);
+          };
+        });
+    return dst;
+  }
+  if (capture::graph_for(device) != nullptr) [[unlikely]] {
+    capture::refuse("aten::copy_",
+                    "a copy between the host (or another device) and the "
+                    "capturing device: a replay would read or write host "
+                    "memory the program may have changed; copy into the "
+                    "graph's static inputs before replay() instead");
+  }
   run_on_device(device, [&] { dst_host.copy_(src_host); });
   return dst;
 }

@@ -1,0 +1,249 @@
+"""Graph replay against eager execution (issue 12's targets), in one run.
+
+* ``mlp-b1``: the suite's MLP (4 linears of width 256, batch 1): CPU eager,
+  ember eager, and one ember graph replay per call.
+* ``gpt2-decode-static``: GPT-2 small (random weights) greedy decode with a
+  static KV cache (transformers' ``StaticCache``) after a 128-token prompt,
+  per token: CPU eager and ember eager run the decode step as a Python loop;
+  the ember graph holds one whole step (model, argmax, the token and position
+  written back for the next step), so a token is one replay.
+
+Reports medians per call/token, ratios to CPU eager, capture time and the
+memory the graph holds (ember memory allocated by capture, and the graph
+pool's reserved bytes). Checks that replayed tokens equal ember eager's and
+replayed MLP outputs equal eager's bit for bit.
+
+    python benchmarks/graphs.py [--tokens 32] [--out docs/bench/graphs.md]
+
+``make bench-graphs`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+from suite import peak, workloads
+
+import torch_ember  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _median_time(fn, number: int, repeats: int) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - start) / number)
+    return statistics.median(samples)
+
+
+def bench_mlp(repeats: int) -> dict:
+    w = workloads.mlp()
+    x = w.inputs[0]
+    cpu_model = w.module
+    ember_model = workloads.mlp().module.to("ember")
+    xe = x.to("ember")
+    rows = {}
+    with torch.inference_mode():
+        for _ in range(3):
+            ember_model(xe)  # warm-up: weights packed
+        graph = torch.ember.EmberGraph()
+        allocated = torch.ember.memory_allocated()
+        start = time.perf_counter()
+        with torch.ember.graph(graph):
+            static_out = ember_model(xe)[0]
+        capture_s = time.perf_counter() - start
+        held = torch.ember.memory_allocated() - allocated
+
+        def ember_eager():
+            ember_model(xe)
+            torch.ember.synchronize()
+
+        def replay():
+            graph.replay()
+            torch.ember.synchronize()
+
+        rows["cpu-eager"] = _median_time(lambda: cpu_model(x), 2000, repeats)
+        rows["ember-eager"] = _median_time(ember_eager, 2000, repeats)
+        rows["ember-graph"] = _median_time(replay, 2000, repeats)
+        graph.replay()
+        equal = torch.equal(static_out.cpu(), ember_model(xe)[0].cpu())
+    return {
+        "times": rows,
+        "unit": "call",
+        "capture_s": capture_s,
+        "held_bytes": held,
+        "check": "replay == eager bitwise" if equal else "**replay != eager**",
+        "ok": equal,
+    }
+
+
+def _gpt2(device: str, prompt_len: int, max_len: int):
+    import transformers as tr
+
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config()
+    model = tr.GPT2LMHeadModel(cfg).eval().to(device)
+    cache = tr.StaticCache(config=cfg, max_cache_len=max_len)
+    prompt = torch.randint(
+        0, cfg.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(1)
+    )
+    with torch.inference_mode():
+        out = model(
+            input_ids=prompt.to(device),
+            past_key_values=cache,
+            cache_position=torch.arange(prompt_len, device=device),
+            use_cache=True,
+        )
+    token = out.logits[:, -1:].argmax(-1)
+    position = torch.tensor([prompt_len], device=device)
+    return model, cache, token, position
+
+
+def _step(model, cache, token, position):
+    """One decode step, in place: the next token into ``token``, position + 1."""
+    logits = model(
+        input_ids=token, past_key_values=cache, cache_position=position, use_cache=True
+    ).logits[:, -1]
+    token.copy_(logits.argmax(-1, keepdim=True))
+    position.add_(1)
+
+
+def bench_decode(tokens: int, prompt_len: int) -> dict:
+    max_len = prompt_len + 3 * tokens + 8
+    rows = {}
+    sequences = {}
+    with torch.inference_mode():
+        for name, device in (("cpu-eager", "cpu"), ("ember-eager", "ember")):
+            model, cache, token, position = _gpt2(device, prompt_len, max_len)
+            _step(model, cache, token, position)  # warm-up (packs on ember)
+            seq = []
+            start = time.perf_counter()
+            for _ in range(tokens):
+                _step(model, cache, token, position)
+                seq.append(token.clone())
+            if device == "ember":
+                torch.ember.synchronize()
+            rows[name] = (time.perf_counter() - start) / tokens
+            sequences[name] = torch.cat([t.cpu() for t in seq], 1)
+            del model, cache
+        model, cache, token, position = _gpt2("ember", prompt_len, max_len)
+        _step(model, cache, token, position)  # warm-up, as the eager run
+        graph = torch.ember.EmberGraph()
+        allocated = torch.ember.memory_allocated()
+        start = time.perf_counter()
+        with torch.ember.graph(graph):
+            _step(model, cache, token, position)  # capture runs one step
+        capture_s = time.perf_counter() - start
+        held = torch.ember.memory_allocated() - allocated
+        seq = [token.clone()]
+        start = time.perf_counter()
+        for _ in range(tokens - 1):
+            graph.replay()
+            seq.append(token.clone())
+        torch.ember.synchronize()
+        rows["ember-graph"] = (time.perf_counter() - start) / (tokens - 1)
+        sequences["ember-graph"] = torch.cat([t.cpu() for t in seq], 1)
+    same = torch.equal(sequences["ember-graph"], sequences["ember-eager"])
+    return {
+        "times": rows,
+        "unit": "token",
+        "capture_s": capture_s,
+        "held_bytes": held,
+        "check": "replayed tokens == ember eager's" if same else "**tokens differ**",
+        "ok": same,
+    }
+
+
+def markdown(meta: dict, results: dict[str, dict]) -> str:
+    lines = [
+        (
+            "<!-- GENERATED FILE: written by benchmarks/graphs.py (`make bench-graphs`). "
+            "Do not edit by hand; rerun the command below to regenerate. -->"
+        ),
+        "",
+        "# Graph replay against eager execution",
+        "",
+        (
+            f"Generated {meta['date']} by `{meta['command']}`, {meta['threads']} threads, "
+            f"on {meta['cpu_model']} ({meta['cores']} cores); asynchronous execution "
+            f"{'on' if meta['async'] else 'off'} (replays run "
+            f"{'as one queued unit' if meta['async'] else 'on the calling thread'})."
+        ),
+        "",
+        (
+            "| workload | CPU eager | ember eager | ember graph replay | replay / CPU eager | "
+            "replay / ember eager | capture | memory held by the graph | check |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, r in results.items():
+        t = r["times"]
+        lines.append(
+            f"| {name} (per {r['unit']}) | {t['cpu-eager'] * 1e3:.3f} ms | "
+            f"{t['ember-eager'] * 1e3:.3f} ms | {t['ember-graph'] * 1e3:.3f} ms | "
+            f"{t['ember-graph'] / t['cpu-eager']:.2f}x | "
+            f"{t['ember-graph'] / t['ember-eager']:.2f}x | {r['capture_s'] * 1e3:.0f} ms | "
+            f"{r['held_bytes'] / 2**20:.1f} MiB | {r['check']} |"
+        )
+    lines += [
+        "",
+        (
+            "- memory held by the graph: ember memory allocated during capture and still "
+            "allocated after it (the graph's outputs and the intermediates its recorded "
+            "kernels write, kept for every replay)."
+        ),
+        (
+            "- gpt2-decode-static: one replay is one whole decode step (model, argmax, next "
+            "token and position written in place); eager runs the same step from Python. "
+            "Targets (issue 12): mlp-b1 replay <= 0.5x CPU eager; decode replay <= 0.5x CPU "
+            "eager per token."
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "graphs.md")
+    args = p.parse_args(argv)
+    threads = peak.physical_cores()
+    torch.set_num_threads(threads)
+    results = {
+        "mlp-b1": bench_mlp(args.repeats),
+        "gpt2-decode-static": bench_decode(args.tokens, args.prompt),
+    }
+    meta = {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "command": os.environ.get("BENCH_COMMAND") or shlex.join(["python", *sys.argv]),
+        "threads": threads,
+        "cpu_model": peak.cpu_model(),
+        "cores": peak.physical_cores(),
+        "async": torch.backends.ember.async_execution,
+    }
+    text = markdown(meta, results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+    return 0 if all(r["ok"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
