@@ -355,3 +355,40 @@ def test_make_graphed_callables_function_inference():
     assert torch.equal(graphed(data).cpu(), fn(data).cpu())
     with pytest.raises(ValueError, match="differs from the sample"):
         graphed(torch.randn(4, 8, device=DEV))
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+def test_compile_reduce_overhead_on_the_ember_backend_replays_a_graph():
+    from torch_ember.compile import graphed
+
+    torch._dynamo.reset()
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    before = dict(graphed.counters)
+    with torch.inference_mode():
+        compiled = torch.compile(model, backend="ember", mode="reduce-overhead")
+        for _ in range(4):  # two warm-ups, the capture, one replay
+            out = compiled(x)
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 1
+        assert torch.equal(out.cpu(), model(x).cpu())
+        other = torch.randn(2, 32, device=DEV)
+        assert torch.equal(compiled(other).cpu(), model(other).cpu())
+
+
+def test_compile_graphs_falls_back_to_eager_with_a_warning():
+    torch._dynamo.reset()
+
+    def fn(a):
+        return torch.nn.functional.max_pool2d(a, 2) + 1  # pooling: not replayable yet
+
+    x = torch.randn(1, 1, 4, 4, device=DEV)
+    compiled = torch.compile(fn, backend="ember", options={"graphs": True})
+    with torch.inference_mode():
+        compiled(x)
+        compiled(x)  # two warm-ups; the capture fails on the third call
+        with pytest.warns(UserWarning, match="running eagerly"):
+            out = compiled(x)
+    assert torch.equal(out.cpu(), fn(x).cpu())

@@ -23,7 +23,9 @@ Options (``torch.compile(m, backend="ember", options={...})``):
 at most this many rows are never offered the C++ GEMM template, default 16),
 ``template`` (offer the C++ GEMM template, default False), ``fuse_max_weight``
 (one-row GEMMs next to an activation with at most this many weight elements
-become generated C++ kernels, default 2**16).
+become generated C++ kernels, default 2**16), ``graphs`` (default False; True
+under ``mode="reduce-overhead"``): the graph's ATen ops captured and replayed
+as an ember graph instead of compiled by Inductor (``compile/graphed.py``).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ __all__ = ["counters", "ember_backend", "reset_counters"]
 counters = _passes.counters
 reset_counters = _passes.reset_counters
 
-_BACKEND_OPTIONS = {"freezing", "passes", "small_m", "template", "fuse_max_weight"}
+_BACKEND_OPTIONS = {"freezing", "passes", "small_m", "template", "fuse_max_weight", "graphs"}
 
 
 class EmberPasses(CustomInferenceAwareGraphPass):
@@ -80,6 +82,11 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     mode = kwargs.pop("mode", None)
     if kwargs:
         raise TypeError(f"backend='ember' got unexpected arguments {sorted(kwargs)}")
+    if mine.get("graphs", mode == "reduce-overhead"):
+        # Replayed as an ember graph (compile/graphed.py), without Inductor.
+        from torch_ember.compile.graphed import graphed
+
+        return graphed(gm)
     patches: dict[str, Any] = {}
     if mode:  # as torch.compile(mode=...) does for Inductor
         patches.update(torch._inductor.list_mode_options(mode))
