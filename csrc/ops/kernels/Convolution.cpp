@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
@@ -150,6 +151,9 @@ bool packed_route_applies(const at::Tensor& input, const at::Tensor& weight,
       flags::conv_fp32_precision() != Fp32Precision::kIeee) {
     return false;
   }
+  // Not while a graph is captured: a replay reads the weight from its
+  // memory (the packed copy would miss a write between replays).
+  if (capture::underway()) return false;
   const c10::Device device = input.device();
   const bool bias_ok =
       !bias.has_value() || !bias->defined() ||
@@ -312,10 +316,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   }
   return unboxed::custom<at::Tensor>(
       "aten::convolution",
-      [&](const at::Tensor& x, const at::Tensor& w,
-          const std::optional<at::Tensor>& b) {
+      unboxed::replayable([params](const at::Tensor& x, const at::Tensor& w,
+                                   const std::optional<at::Tensor>& b) {
         return engine_conv(x, w, b, params);
-      },
+      }),
       input, weight, bias);
 }
 

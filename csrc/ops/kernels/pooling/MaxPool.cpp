@@ -100,17 +100,17 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
   }
   auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
       "aten::max_pool2d_with_indices",
-      [&](const at::Tensor& x) {
+      unboxed::replayable([pool = *p](const at::Tensor& x) {
         std::vector<int64_t> sizes = x.sizes().vec();
-        sizes[sizes.size() - 2] = p->out_height;
-        sizes[sizes.size() - 1] = p->out_width;
+        sizes[sizes.size() - 2] = pool.out_height;
+        sizes[sizes.size() - 1] = pool.out_width;
         at::Tensor out = at::empty(sizes, x.options());
         at::Tensor indices = at::empty(sizes, x.options().dtype(at::kLong));
-        pooling::max_pool2d_forward(*p, x.const_data_ptr<float>(),
+        pooling::max_pool2d_forward(pool, x.const_data_ptr<float>(),
                                     out.mutable_data_ptr<float>(),
                                     indices.mutable_data_ptr<int64_t>());
         return std::make_tuple(out, indices);
-      },
+      }),
       self);
   observe::mark_path(observe::ExecutionPath::kNative, "ember/max_pool2d");
   return result;
