@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "ember/runtime/device.h"
+#include "ops/CpuAlias.h"
 
 namespace ember::capture {
 
@@ -60,6 +61,22 @@ at::Tensor keep_for_replay(const at::Tensor& original, const at::Tensor& alias,
            "at whatever it holds then; copy it to ember before capture");
   }
   return alias.clone();
+}
+
+namespace {
+int64_t version_of(const at::Tensor& t) {
+  return static_cast<int64_t>(
+      t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+}  // namespace
+
+WatchedWeight WatchedWeight::of(const at::Tensor& weight) {
+  if (!underway()) return {};
+  return {weight, cpu_alias(weight), version_of(weight)};
+}
+
+bool WatchedWeight::written_since() const {
+  return weight.defined() && version_of(weight) != version;
 }
 
 }  // namespace ember::capture

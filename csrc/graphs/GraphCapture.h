@@ -53,4 +53,17 @@ void store_result(const c10::IValue& captured, const c10::IValue& fresh);
 at::Tensor keep_for_replay(const at::Tensor& original, const at::Tensor& alias,
                            std::string_view op);
 
+// A weight that a captured kernel reads through a pack (a copy taken when
+// it was packed): its version at capture, so a replay can tell whether the
+// weight was written since and compute from its memory instead. Empty
+// (nothing watched) unless a capture is underway.
+struct WatchedWeight {
+  at::Tensor weight;      // the ember tensor
+  at::Tensor weight_cpu;  // its CPU alias, for the unpacked route
+  int64_t version = 0;
+
+  static WatchedWeight of(const at::Tensor& weight);
+  bool written_since() const;
+};
+
 }  // namespace ember::capture

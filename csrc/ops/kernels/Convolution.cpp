@@ -8,7 +8,9 @@
 // or benchmark = True (time oneDNN against ATen's im2col+GEMM kernel).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/_slow_conv2d_forward.h>
+#include <ATen/ops/convolution.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mkldnn_convolution.h>
@@ -151,9 +153,13 @@ bool packed_route_applies(const at::Tensor& input, const at::Tensor& weight,
       flags::conv_fp32_precision() != Fp32Precision::kIeee) {
     return false;
   }
-  // Not while a graph is captured: a replay reads the weight from its
-  // memory (the packed copy would miss a write between replays).
-  if (capture::underway()) return false;
+  // A graph capturing a training step reads the weight from its memory (a
+  // graphed optimizer step writes it; the pack is a copy). Inference graphs
+  // keep the pack and check the weight's version at each replay.
+  if (capture::underway() && at::GradMode::is_enabled() &&
+      weight.requires_grad()) {
+    return false;
+  }
   const c10::Device device = input.device();
   const bool bias_ok =
       !bias.has_value() || !bias->defined() ||
@@ -233,7 +239,15 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   if (!packed) return std::nullopt;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::convolution",
-      [&](const at::Tensor& x, const std::optional<at::Tensor>& b) {
+      unboxed::replayable([channels_last, packed, p,
+                           watched = capture::WatchedWeight::of(weight)](
+                              const at::Tensor& x,
+                              const std::optional<at::Tensor>& b) {
+        if (watched.written_since()) [[unlikely]] {
+          // A replay after the weight was written: CPU's kernel on it.
+          return at::convolution(x, watched.weight_cpu, b, p.stride, p.padding,
+                                 p.dilation, false, {0, 0}, p.groups);
+        }
         // The pointwise op is oneDNN's channels-last route.
         at::Tensor x_in = x;
         if (!channels_last && x.is_contiguous()) {
@@ -253,7 +267,7 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
             result.const_data_ptr<float>(), nchw.mutable_data_ptr<float>(),
             result.size(0), result.size(1), result.size(2) * result.size(3));
         return nchw;
-      },
+      }),
       input, bias);
   observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
   return out;

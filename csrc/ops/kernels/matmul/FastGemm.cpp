@@ -77,19 +77,10 @@ struct Plan {
   std::optional<at::Tensor> bias;
   std::shared_ptr<const PackedWeight> packed;
   bool bf16 = false;
-  // Set when a graph captures the call: the weight (its version at capture)
-  // and its CPU alias. A replay that finds the weight written since (an
-  // optimizer step between replays) computes from the weight's memory
-  // instead of the pack taken at capture.
-  at::Tensor weight;
-  int64_t weight_version = 0;
-  at::Tensor weight_cpu;
-  bool pack_is_stale() const {
-    return weight.defined() &&
-           static_cast<int64_t>(weight.unsafeGetTensorImpl()
-                                    ->version_counter()
-                                    .current_version()) != weight_version;
-  }
+  // Set when a graph captures the call: a replay that finds the weight
+  // written since (an optimizer step between replays) computes from the
+  // weight's memory instead of the pack taken at capture.
+  capture::WatchedWeight watched;
 };
 
 // bias + a @ weight (+ activation) by ATen's CPU kernels on CPU tensors: the
@@ -156,20 +147,15 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
   if (!plan.packed) return std::nullopt;
-  if (capture::underway()) [[unlikely]] {
-    plan.weight = b;
-    plan.weight_version = static_cast<int64_t>(
-        b.unsafeGetTensorImpl()->version_counter().current_version());
-    plan.weight_cpu = cpu_alias(b);
-  }
+  plan.watched = capture::WatchedWeight::of(b);
   return plan;
 }
 
 // The skinny kernel into `out` (rows of unit stride, row stride ldc).
 void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
-  if (plan.pack_is_stale()) [[unlikely]] {
-    const_cast<at::Tensor&>(out).copy_(
-        unpacked_linear(a, plan.weight_cpu, plan.bias, Epilogue::kNone));
+  if (plan.watched.written_since()) [[unlikely]] {
+    const_cast<at::Tensor&>(out).copy_(unpacked_linear(
+        a, plan.watched.weight_cpu, plan.bias, Epilogue::kNone));
     return;
   }
   const float* bias = plan.bias ? plan.bias->const_data_ptr<float>() : nullptr;
@@ -190,22 +176,22 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
   const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
-      unboxed::replayable(
-          [plan, bf16, epilogue](const at::Tensor& ca,
-                                 const std::optional<at::Tensor>& cbias) {
-            if (plan.pack_is_stale()) [[unlikely]] {
-              return unpacked_linear(ca, plan.weight_cpu, cbias, epilogue);
-            }
-            if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
-            // "medium": bf16 operands, fp32 accumulation; the result comes back
-            // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
-            // fp32.
-            at::Tensor result =
-                onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
-                    .to(at::kFloat);
-            if (cbias) result.add_(*cbias);
-            return result;
-          }),
+      unboxed::replayable([plan, bf16, epilogue](
+                              const at::Tensor& ca,
+                              const std::optional<at::Tensor>& cbias) {
+        if (plan.watched.written_since()) [[unlikely]] {
+          return unpacked_linear(ca, plan.watched.weight_cpu, cbias, epilogue);
+        }
+        if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
+        // "medium": bf16 operands, fp32 accumulation; the result comes back
+        // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
+        // fp32.
+        at::Tensor result =
+            onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
+                .to(at::kFloat);
+        if (cbias) result.add_(*cbias);
+        return result;
+      }),
       a, plan.bias);
   observe::mark_path(observe::ExecutionPath::kNative,
                      bf16                          ? "onednn/bf16-packed"
