@@ -28,6 +28,7 @@ def test_demo_main_in_process(capsys):
     assert demo.main(TINY) == 0
     out = capsys.readouterr().out
     assert "generated ids identical: True" in out
+    assert "replayed tokens identical to eager: True" in out
     assert "forward logits bitwise identical, cpu_parity (eager attention): True" in out
     assert "within fp32 rounding, default kernels (eager attention): True" in out
     assert "within fp32 rounding, default kernels (sdpa attention): True" in out
