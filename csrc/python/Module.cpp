@@ -230,6 +230,7 @@ PYBIND11_MODULE(_C, m) {
     d["packs"] = s.packs;
     d["invalidations"] = s.invalidations;
     d["evictions"] = s.evictions;
+    d["inference_tensors_refused"] = s.inference_tensors_refused;
     return d;
   });
   m.def("set_pack_cache_limit", &matmul::set_pack_cache_limit);

@@ -195,10 +195,15 @@ def benchmark_cache_info() -> dict[str, Any]:
 def packed_weights_info() -> dict[str, int]:
     """The prepacked-weight cache of the default GEMM route:
     ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
-    "evictions"}``. A GEMM operand that comes back unchanged (a weight) is
-    packed on its second use; packs live in ember memory (counted in
-    ``torch.ember.memory_stats()``, key ``packed_weight_bytes``) and go with
-    ``torch.ember.empty_cache()``, a write to the weight or its release."""
+    "evictions", "inference_tensors_refused"}``. A GEMM operand that comes
+    back unchanged (a weight) is packed on its second use; packs live in ember
+    memory (counted in ``torch.ember.memory_stats()``, key
+    ``packed_weight_bytes``) and go with ``torch.ember.empty_cache()``, a write
+    to the weight or its release. ``inference_tensors_refused`` counts GEMM
+    calls on inference tensors (a model moved to ember inside
+    ``torch.inference_mode()``): they are never packed, since ember cannot see
+    writes to them, and take the slower unpacked route; move the model
+    outside inference mode."""
     return dict(_C.pack_cache_info())
 
 

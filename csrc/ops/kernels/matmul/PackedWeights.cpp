@@ -6,6 +6,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
+#include <atomic>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -72,7 +73,11 @@ class PackCache {
   std::shared_ptr<const PackedWeight> find_or_pack(
       const at::Tensor& b, PackKind kind, uint64_t geometry = 0,
       const OneDnnReorder* reorder = nullptr) {
-    if (b.is_inference() || limit_ <= 0) return nullptr;
+    if (limit_ <= 0) return nullptr;
+    if (b.is_inference()) {
+      inference_refusals_.fetch_add(1, std::memory_order_relaxed);
+      return nullptr;
+    }
     const c10::StorageImpl* impl = b.storage().unsafeGetStorageImpl();
     const Key key{impl,        b.storage_offset(),
                   b.size(0),   b.numel() / std::max<int64_t>(b.size(0), 1),
@@ -132,6 +137,8 @@ class PackCache {
     s.packs = packs_;
     s.invalidations = invalidations_;
     s.evictions = evictions_;
+    s.inference_tensors_refused =
+        inference_refusals_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -152,6 +159,7 @@ class PackCache {
     lru_.clear();
     bytes_ = 0;
     hits_ = packs_ = invalidations_ = evictions_ = 0;
+    inference_refusals_.store(0, std::memory_order_relaxed);
   }
 
   void set_limit(int64_t bytes) {
@@ -275,6 +283,7 @@ class PackCache {
   int64_t bytes_ = 0;
   int64_t limit_ = kDefaultLimitBytes;
   int64_t hits_ = 0, packs_ = 0, invalidations_ = 0, evictions_ = 0;
+  std::atomic<int64_t> inference_refusals_{0};  // counted without the lock
 };
 
 PackCache& cache() {

@@ -73,6 +73,10 @@ struct PackCacheStats {
   int64_t packs = 0;
   int64_t invalidations = 0;  // writes or releases of a packed weight
   int64_t evictions = 0;      // dropped for the byte budget
+  // GEMMs on an inference tensor (made under torch.inference_mode(), e.g. a
+  // model moved to ember there): not packed, since writes to it cannot be
+  // seen (no version counter); they take the unpacked route.
+  int64_t inference_tensors_refused = 0;
 };
 // Counters run from the last clear_pack_cache() (torch.ember.empty_cache()).
 PackCacheStats pack_cache_stats();
