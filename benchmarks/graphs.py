@@ -51,6 +51,28 @@ def _median_time(fn, number: int, repeats: int) -> float:
     return statistics.median(samples)
 
 
+def _capture(fn) -> tuple:
+    """(graph, fn's result, capture seconds, ember bytes the graph holds)."""
+    graph = torch.ember.EmberGraph()
+    allocated = torch.ember.memory_allocated()
+    start = time.perf_counter()
+    with torch.ember.graph(graph):
+        out = fn()
+    capture_s = time.perf_counter() - start
+    return graph, out, capture_s, torch.ember.memory_allocated() - allocated
+
+
+def _result(times: dict, unit: str, capture: tuple, ok: bool, check: str) -> dict:
+    return {
+        "times": times,
+        "unit": unit,
+        "capture_s": capture[2],
+        "held_bytes": capture[3],
+        "check": check if ok else f"**not {check}**",
+        "ok": ok,
+    }
+
+
 def bench_mlp(repeats: int) -> dict:
     w = workloads.mlp()
     x = w.inputs[0]
@@ -61,13 +83,8 @@ def bench_mlp(repeats: int) -> dict:
     with torch.inference_mode():
         for _ in range(3):
             ember_model(xe)  # warm-up: weights packed
-        graph = torch.ember.EmberGraph()
-        allocated = torch.ember.memory_allocated()
-        start = time.perf_counter()
-        with torch.ember.graph(graph):
-            static_out = ember_model(xe)[0]
-        capture_s = time.perf_counter() - start
-        held = torch.ember.memory_allocated() - allocated
+        capture = _capture(lambda: ember_model(xe)[0])
+        graph, static_out = capture[0], capture[1]
 
         def ember_eager():
             ember_model(xe)
@@ -82,14 +99,7 @@ def bench_mlp(repeats: int) -> dict:
         rows["ember-graph"] = _median_time(replay, 2000, repeats)
         graph.replay()
         equal = torch.equal(static_out.cpu(), ember_model(xe)[0].cpu())
-    return {
-        "times": rows,
-        "unit": "call",
-        "capture_s": capture_s,
-        "held_bytes": held,
-        "check": "replay == eager bitwise" if equal else "**replay != eager**",
-        "ok": equal,
-    }
+    return _result(rows, "call", capture, equal, "replay == eager bitwise")
 
 
 def _gpt2(device: str, prompt_len: int, max_len: int):
@@ -148,13 +158,8 @@ def bench_decode(tokens: int, prompt_len: int) -> dict:
         model, cache, token, position = _gpt2("ember", prompt_len, max_len)
         for _ in range(2):  # warm-up, as the eager run
             _step(model, cache, token, position)
-        graph = torch.ember.EmberGraph()
-        allocated = torch.ember.memory_allocated()
-        start = time.perf_counter()
-        with torch.ember.graph(graph):
-            _step(model, cache, token, position)  # capture runs one step
-        capture_s = time.perf_counter() - start
-        held = torch.ember.memory_allocated() - allocated
+        capture = _capture(lambda: _step(model, cache, token, position))  # one step
+        graph = capture[0]
         seq = [token.clone()]
         start = time.perf_counter()
         for _ in range(tokens - 1):
@@ -164,14 +169,7 @@ def bench_decode(tokens: int, prompt_len: int) -> dict:
         rows["ember-graph"] = (time.perf_counter() - start) / (tokens - 1)
         sequences["ember-graph"] = torch.cat([t.cpu() for t in seq], 1)
     same = torch.equal(sequences["ember-graph"], sequences["ember-eager"])
-    return {
-        "times": rows,
-        "unit": "token",
-        "capture_s": capture_s,
-        "held_bytes": held,
-        "check": "replayed tokens == ember eager's" if same else "**tokens differ**",
-        "ok": same,
-    }
+    return _result(rows, "token", capture, same, "replayed tokens == ember eager's")
 
 
 def markdown(meta: dict, results: dict[str, dict]) -> str:
