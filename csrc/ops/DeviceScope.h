@@ -115,8 +115,9 @@ void launch_on_device(c10::DeviceIndex device, const char* name, Work work) {
 
 // A synchronous op that a graph can replay: runs `work` as run_on_device
 // does and, while the current stream captures, records `make_replay()` (a
-// callable owning everything it uses, run later on the stream's worker
-// exactly as launched work is) under the name `op`. make_replay is called
+// callable owning everything it uses, run by each replay as launched work
+// is: on the stream's worker, or on the replaying thread when asynchronous
+// execution is off) under the name `op`. make_replay is called
 // after `work` has run, so it may take the results.
 template <class Work, class MakeReplay>
 void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
