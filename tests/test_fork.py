@@ -13,6 +13,14 @@ import textwrap
 # numbers) on ember while the main thread forks; each child allocates and
 # draws too. Before the handlers, about 1 child in 100 hung forever in
 # CachingAllocator::allocate.
+#
+# The forks start once every thread has run its ops once: a fork taken while
+# another thread is still initialising a function-local static (PyTorch's
+# per-op handles, e.g. at::_ops::randn::call's) leaves the child waiting on
+# that static's guard forever, for CPU tensors as much as ember ones, and no
+# atfork handler can finish another thread's initialisation. What ember owns
+# of that first-op window is fixed (RecordFunction state built before fork,
+# no lazily built statics on the fallback path); the check is on the locks.
 FORK_WHILE_ALLOCATING = textwrap.dedent(
     """
     import os, sys, threading, time
@@ -21,18 +29,25 @@ FORK_WHILE_ALLOCATING = textwrap.dedent(
     FORKS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     stop = threading.Event()
 
-    def allocate():
+    def allocate(running):
         while not stop.is_set():
             [torch.empty(s, device="ember") for s in (1000, 50000, 700000)]
+            running.set()
 
-    def draw():
+    def draw(running):
         while not stop.is_set():
             torch.randn(4096, device="ember")
             torch.ember.manual_seed(1)
+            running.set()
 
-    threads = [threading.Thread(target=f) for f in (allocate, allocate, draw)]
+    running = [threading.Event() for _ in range(3)]
+    threads = [
+        threading.Thread(target=f, args=(r,)) for f, r in zip((allocate, allocate, draw), running)
+    ]
     for t in threads:
         t.start()
+    for r in running:
+        r.wait()
     hung = failed = 0
     for i in range(FORKS):
         pid = os.fork()

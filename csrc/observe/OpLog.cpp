@@ -126,10 +126,22 @@ std::mutex& output_mutex() {
 // not have (another thread printing a log line). Registered when the library
 // loads, before the runtime's handlers, so its prepare step runs after
 // theirs: allocator lock, then this one, the order log_allocation takes them.
+//
+// The prepare step also builds the forking thread's RecordFunction state:
+// PyTorch builds it on a thread's first op under a process-wide mutex, so a
+// thread that forks before its first op would build it in the child, where
+// that mutex may be held forever by a parent thread that was building its
+// own (a child hung in its first op about once in eight forks taken while
+// fresh threads started running ops).
+void before_fork() {
+  (void)at::getStepCallbacksUnlessEmpty(at::RecordScope::FUNCTION);
+  output_mutex().lock();
+}
+
 const bool fork_handlers_installed = [] {
-  return pthread_atfork([] { output_mutex().lock(); },
-                        [] { output_mutex().unlock(); },
-                        [] { output_mutex().unlock(); }) == 0;
+  return pthread_atfork(
+             before_fork, [] { output_mutex().unlock(); },
+             [] { output_mutex().unlock(); }) == 0;
 }();
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {

@@ -31,11 +31,15 @@ struct OpPlan {
 };
 
 // Ops that CUDA runs with CPU tensor arguments (index tensors on the host).
+// Built when the library loads, not on first use: a fork() taken while
+// another thread was building a function-local static leaves the child
+// waiting on that static's guard forever.
+const std::unordered_set<std::string> ops_accepting_cpu_tensors = {
+    "aten::index",     "aten::index_put_", "aten::_index_put_impl_",
+    "aten::index_put", "aten::_copy_from", "aten::_copy_from_and_resize"};
+
 bool op_accepts_cpu_tensors(const std::string& base_name) {
-  static const std::unordered_set<std::string> names = {
-      "aten::index",     "aten::index_put_", "aten::_index_put_impl_",
-      "aten::index_put", "aten::_copy_from", "aten::_copy_from_and_resize"};
-  return names.count(base_name) != 0;
+  return ops_accepting_cpu_tensors.count(base_name) != 0;
 }
 
 bool is_generator_type(const c10::TypePtr& type) {
