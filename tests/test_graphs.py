@@ -3,6 +3,8 @@ make_graphed_callables, torch.accelerator.Graph): replays equal eager
 execution bit for bit, in-place ops and views, RNG per replay, pools shared
 between graphs, the errors CUDA raises, memory released by reset()."""
 
+import threading
+
 import pytest
 import torch
 
@@ -318,6 +320,79 @@ def test_capture_must_end_on_its_stream():
     with pytest.raises(RuntimeError, match="same stream"):
         g.capture_end()
     assert not torch.ember.is_current_stream_capturing()
+
+
+def _device_wait_error_on_another_thread():
+    errors = []
+
+    def wait():
+        try:
+            torch.ember.synchronize()
+        except RuntimeError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    t.join()
+    return errors
+
+
+@pytest.mark.parametrize(
+    "mode, refused_here, refused_elsewhere",
+    [("global", True, True), ("thread_local", True, False), ("relaxed", False, False)],
+)
+def test_capture_error_mode_decides_which_device_waits_raise(mode, refused_here, refused_elsewhere):
+    """As cudaStreamCaptureMode: "global" refuses a device-wide wait from any
+    thread, "thread_local" only from the capturing thread, "relaxed" none; the
+    capture survives an allowed wait and replays what it recorded."""
+    x = torch.ones(4, device=DEV)
+    g = torch.ember.EmberGraph()
+    s = torch.ember.Stream()
+    with torch.ember.stream(s):
+        g.capture_begin(capture_error_mode=mode)
+        x.mul_(2)
+        if refused_here:
+            with pytest.raises(RuntimeError, match=f'capture_error_mode="{mode}"'):
+                torch.ember.synchronize()
+        else:
+            torch.ember.synchronize()
+        errors = _device_wait_error_on_another_thread()
+        x.add_(1)
+        g.capture_end()
+    assert len(errors) == refused_elsewhere
+    assert x.cpu().tolist() == [3.0] * 4
+    g.replay()
+    assert x.cpu().tolist() == [7.0] * 4
+
+
+@pytest.mark.parametrize("mode", ["global", "thread_local", "relaxed"])
+def test_capture_end_on_another_thread_is_refused_and_the_capture_goes_on(mode):
+    """ember routes a capture's allocations per thread, so unlike CUDA's
+    relaxed mode no capture ends on another thread; the refusal leaves the
+    capture underway, to end on its own thread."""
+    x = torch.ones(2, device=DEV)
+    g = torch.ember.EmberGraph()
+    s = torch.ember.Stream()
+    with torch.ember.stream(s):
+        g.capture_begin(capture_error_mode=mode)
+        x.mul_(2)
+        errors = []
+
+        def end():
+            try:
+                with torch.ember.stream(s):
+                    g.capture_end()
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=end)
+        t.start()
+        t.join()
+        assert len(errors) == 1 and "thread that called capture_begin" in errors[0]
+        assert torch.ember.is_current_stream_capturing()
+        g.capture_end()
+    g.replay()
+    assert x.cpu().tolist() == [4.0] * 2
 
 
 def test_replay_before_capture_and_double_capture_raise():

@@ -25,8 +25,25 @@ EmberGraphImpl::~EmberGraphImpl() {
   }
 }
 
+namespace {
+
+rt::CaptureMode runtime_mode(at::GraphCaptureMode mode) {
+  switch (mode) {
+    case at::GraphCaptureMode::ThreadLocal:
+      return rt::CaptureMode::kThreadLocal;
+    case at::GraphCaptureMode::Relaxed:
+      return rt::CaptureMode::kRelaxed;
+    case at::GraphCaptureMode::Default:  // torch.cuda.graph's default
+    case at::GraphCaptureMode::Global:
+      break;
+  }
+  return rt::CaptureMode::kGlobal;
+}
+
+}  // namespace
+
 void EmberGraphImpl::capture_begin(at::MempoolId_t pool,
-                                   at::GraphCaptureMode /*mode*/) {
+                                   at::GraphCaptureMode mode) {
   TORCH_CHECK(!capturing_, "This EmberGraph is already capturing");
   TORCH_CHECK(graph_ == nullptr,
               "This EmberGraph instance already owns a captured graph. To "
@@ -50,7 +67,8 @@ void EmberGraphImpl::capture_begin(at::MempoolId_t pool,
       default_generator(static_cast<c10::DeviceIndex>(device)).get_state());
   auto graph = std::make_shared<rt::CapturedGraph>();
   try {
-    translate_runtime_errors([&] { stream.begin_capture(graph); });
+    translate_runtime_errors(
+        [&] { stream.begin_capture(graph, runtime_mode(mode)); });
   } catch (...) {
     allocator.end_allocate_to_pool(number);
     allocator.release_pool(number);
@@ -61,6 +79,8 @@ void EmberGraphImpl::capture_begin(at::MempoolId_t pool,
   stream_ = stream.id();
   graph_ = std::move(graph);
   pool_ = number;
+  mode_ = runtime_mode(mode);
+  begin_thread_ = std::this_thread::get_id();
   capturing_ = true;
 }
 
@@ -82,6 +102,15 @@ void EmberGraphImpl::capture_end() {
   TORCH_CHECK(capturing_,
               "capture_end() called on an EmberGraph that is not "
               "capturing (call capture_begin first)");
+  // The capture stays underway: the graph pool's allocation route belongs
+  // to the thread that began it and ends only there (CUDA's relaxed mode
+  // may end a capture elsewhere; ember's routes are per thread).
+  TORCH_CHECK(std::this_thread::get_id() == begin_thread_,
+              "ember: capture_end() must run on the thread that called "
+              "capture_begin() (capture_error_mode \"",
+              rt::capture_mode_name(mode_),
+              "\"; ember routes a capture's allocations per thread, in every "
+              "mode). The capture is still underway.");
   const rt::StreamId current =
       rt::device(rt::current_device()).streams().current().id();
   const bool same_stream =

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ember/runtime/graph.h"
@@ -52,6 +53,9 @@ class EmberGraphImpl final : public at::GraphImplInterface {
   std::shared_ptr<runtime::CapturedGraph> graph_;
   uint64_t pool_ = 0;  // the private pool's number; 0: none yet
   bool capturing_ = false;
+  runtime::CaptureMode mode_ = runtime::CaptureMode::kGlobal;
+  std::thread::id
+      begin_thread_;  // capture_end must come from it unless relaxed
   bool debug_ = false;
   at::Tensor rng_state_;  // the generator's state at capture_begin
 };

@@ -8,6 +8,18 @@
 
 namespace ember::runtime {
 
+const char* capture_mode_name(CaptureMode mode) {
+  switch (mode) {
+    case CaptureMode::kGlobal:
+      return "global";
+    case CaptureMode::kThreadLocal:
+      return "thread_local";
+    case CaptureMode::kRelaxed:
+      return "relaxed";
+  }
+  return "global";
+}
+
 void CapturedGraph::record(const char* name, Work work) {
   std::lock_guard<std::mutex> lock(mutex_);
   units_->push_back(Unit{name, std::move(work)});

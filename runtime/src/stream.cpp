@@ -36,6 +36,9 @@ std::atomic<bool> any_work_queued{false};
 // Streams capturing a graph, process-wide: synchronize_all must reach a
 // capturing stream (to refuse the wait) even when nothing was ever queued.
 std::atomic<int> capturing_streams{0};
+// Of those, the ones whose capture forbids device-wide waits from every
+// thread (CaptureMode::kGlobal).
+std::atomic<int> global_mode_captures{0};
 
 // Current stream id of each pool on this thread; pools this thread never
 // set a stream on are absent and use the default stream.
@@ -303,7 +306,8 @@ void Stream::wait_queue_for_run() {
   raise_pending_error(lock);
 }
 
-void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph) {
+void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
+                           CaptureMode mode) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (capture_ != nullptr) {
     throw CaptureError("stream " + std::to_string(id_) + " of device " +
@@ -312,7 +316,12 @@ void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph) {
   }
   graph->set_capturing(true);
   capture_ = std::move(graph);
+  capture_mode_ = mode;
+  capture_thread_ = std::this_thread::get_id();
   capture_raw_.store(capture_.get(), std::memory_order_release);
+  if (mode == CaptureMode::kGlobal) {
+    global_mode_captures.fetch_add(1, std::memory_order_release);
+  }
   capturing_streams.fetch_add(1, std::memory_order_release);
 }
 
@@ -321,9 +330,21 @@ std::shared_ptr<CapturedGraph> Stream::end_capture() {
   capture_raw_.store(nullptr, std::memory_order_release);
   if (capture_ != nullptr) {
     capture_->set_capturing(false);
+    if (capture_mode_ == CaptureMode::kGlobal) {
+      global_mode_captures.fetch_sub(1, std::memory_order_release);
+    }
     capturing_streams.fetch_sub(1, std::memory_order_release);
   }
   return std::move(capture_);
+}
+
+std::optional<CaptureMode> Stream::capture_forbidding_wait() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_ == nullptr) return std::nullopt;
+  const bool forbids = capture_mode_ == CaptureMode::kGlobal ||
+                       (capture_mode_ == CaptureMode::kThreadLocal &&
+                        capture_thread_ == std::this_thread::get_id());
+  return forbids ? std::optional<CaptureMode>(capture_mode_) : std::nullopt;
 }
 
 void Stream::synchronize() {
@@ -441,15 +462,44 @@ void StreamPool::synchronize_all() {
   // Snapshot so synchronizing (which waits on work that may create streams)
   // does not hold the lock. Every stream is waited for before the first
   // pending error is raised.
+  const std::vector<Stream*> streams = snapshot(mutex_, streams_);
+  refuse_wait_during_capture(streams);
   std::exception_ptr first_error;
-  for (Stream* stream : snapshot(mutex_, streams_)) {
+  for (Stream* stream : streams) {
     try {
-      stream->synchronize();
+      // A capture that allows this wait (a relaxed one, or another
+      // thread's thread_local one) is waited for like any stream: its work
+      // runs while it is recorded.
+      stream->wait_queue_for_run();
     } catch (const AsyncError&) {
       if (!first_error) first_error = std::current_exception();
     }
   }
   if (first_error) std::rethrow_exception(first_error);
+}
+
+void StreamPool::refuse_wait_during_capture(
+    const std::vector<Stream*>& streams) const {
+  if (capturing_streams.load(std::memory_order_acquire) == 0) return;
+  const auto refuse = [](const std::string& where, CaptureMode mode) {
+    throw CaptureError(
+        "operation not permitted when stream is capturing: a device-wide "
+        "wait while " +
+        where + " captures a graph with capture_error_mode=\"" +
+        capture_mode_name(mode) +
+        "\" (end the capture first, or capture with \"relaxed\")");
+  };
+  for (Stream* stream : streams) {
+    if (const auto mode = stream->capture_forbidding_wait()) {
+      refuse("stream " + std::to_string(stream->id()) + " of device " +
+                 std::to_string(stream->device_index()),
+             *mode);
+    }
+  }
+  // A global-mode capture forbids the wait whatever device it is on.
+  if (global_mode_captures.load(std::memory_order_acquire) > 0) {
+    refuse("a stream of another device", CaptureMode::kGlobal);
+  }
 }
 
 void StreamPool::collect_finished() {

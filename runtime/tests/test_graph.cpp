@@ -3,9 +3,11 @@
 // naming the unit that failed.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ember/runtime/graph.h"
@@ -71,6 +73,52 @@ TEST(Graph, HostWaitOnACapturingStreamIsRefused) {
   EXPECT_THROW(graph->replay(stream), std::logic_error);  // still capturing
   stream.end_capture();
   stream.synchronize();  // allowed again
+}
+
+// Device-wide waits (StreamPool::synchronize_all) under each capture mode,
+// from the capturing thread and from another one; a wait on the capturing
+// stream itself is refused in every mode.
+bool device_wait_refused(StreamPool& pool) {
+  try {
+    pool.synchronize_all();
+    return false;
+  } catch (const CaptureError&) {
+    return true;
+  }
+}
+
+bool device_wait_refused_on_another_thread(StreamPool& pool) {
+  bool refused = false;
+  std::thread other([&] { refused = device_wait_refused(pool); });
+  other.join();
+  return refused;
+}
+
+TEST(Graph, CaptureModeDecidesWhichDeviceWideWaitsAreRefused) {
+  struct Expected {
+    CaptureMode mode;
+    bool same_thread_refused;
+    bool other_thread_refused;
+  };
+  for (const Expected& e : {Expected{CaptureMode::kGlobal, true, true},
+                            Expected{CaptureMode::kThreadLocal, true, false},
+                            Expected{CaptureMode::kRelaxed, false, false}}) {
+    SCOPED_TRACE(capture_mode_name(e.mode));
+    StreamPool pool(0);
+    Stream& side = pool.create();
+    auto graph = std::make_shared<CapturedGraph>();
+    std::atomic<int> ran{0};
+    side.begin_capture(graph, e.mode);
+    side.enqueue("unit", [&] { ran.fetch_add(1); });
+    EXPECT_EQ(device_wait_refused(pool), e.same_thread_refused);
+    EXPECT_EQ(device_wait_refused_on_another_thread(pool),
+              e.other_thread_refused);
+    EXPECT_THROW(side.synchronize(), CaptureError);  // every mode
+    side.end_capture();
+    pool.synchronize_all();  // allowed again
+    EXPECT_EQ(ran.load(), 1);
+    EXPECT_EQ(graph->size(), 1u);
+  }
 }
 
 TEST(Graph, ReplayOfAnEmptyGraphIsRefused) {

@@ -19,9 +19,11 @@ Differences from CUDA, all documented in the README:
   weight on its first calls, and a graph records the route the captured
   call took (``torch.accelerator.Graph``'s ``with`` form empties the cache,
   which drops the packs: warm up inside it, or use ``torch.ember.graph``);
-* ``capture_error_mode`` is accepted and validated; every mode behaves as
-  ``"global"`` for the capturing stream (host waits on it raise), and work on
-  other streams simply runs uncaptured.
+* ``capture_error_mode`` as CUDA's for device-wide waits (``"global"``: any
+  thread's raises, ``"thread_local"``: the capturing thread's, ``"relaxed"``:
+  none; a wait on the capturing stream raises in every mode), but
+  ``capture_end()`` runs on the capturing thread in every mode (the graph
+  pool's allocation route is that thread's).
 """
 
 from __future__ import annotations

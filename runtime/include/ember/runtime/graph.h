@@ -30,6 +30,16 @@ class CaptureError final : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Which host waits a capture forbids while it is underway (CUDA's
+// cudaStreamCaptureMode), beyond a wait on the capturing stream itself,
+// which every mode forbids. kGlobal: a device-wide wait from any thread
+// raises; kThreadLocal: only one from the thread that began the capture;
+// kRelaxed: none (the wait also waits for the capturing stream's work,
+// which runs while it is recorded).
+enum class CaptureMode { kGlobal, kThreadLocal, kRelaxed };
+
+const char* capture_mode_name(CaptureMode mode);
+
 class CapturedGraph final {
  public:
   using Work = std::function<void()>;

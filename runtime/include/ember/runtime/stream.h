@@ -27,15 +27,16 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-namespace ember::runtime {
+#include "ember/runtime/graph.h"
 
-class CapturedGraph;
+namespace ember::runtime {
 
 using StreamId = int64_t;
 inline constexpr StreamId kDefaultStreamId = 0;
@@ -128,14 +129,19 @@ class Stream final {
   // queued on this stream is also recorded, in order, into `graph` (it
   // still runs as usual), and synchronize() raises CaptureError: the host
   // may not wait on a capturing stream. begin_capture raises CaptureError
-  // when the stream already captures.
-  void begin_capture(std::shared_ptr<CapturedGraph> graph);
+  // when the stream already captures. `mode` decides which device-wide
+  // waits the capture forbids (graph.h); it began on the calling thread.
+  void begin_capture(std::shared_ptr<CapturedGraph> graph,
+                     CaptureMode mode = CaptureMode::kGlobal);
   // Ends the capture (nullptr if there was none) and returns its graph.
   std::shared_ptr<CapturedGraph> end_capture();
   // The graph this stream records into, or nullptr.
   CapturedGraph* capture() const {
     return capture_raw_.load(std::memory_order_acquire);
   }
+  // The mode of this stream's capture if it forbids a device-wide wait made
+  // by the calling thread (thread_local: only the thread that began it).
+  std::optional<CaptureMode> capture_forbidding_wait();
   // Stops the worker after it has run everything queued (idempotent); later
   // work runs inline. Called at exit for every device.
   void shutdown();
@@ -153,6 +159,7 @@ class Stream final {
 
  private:
   friend class Event;
+  friend class StreamPool;  // synchronize_all waits past allowed captures
   struct Item {
     const char* name;
     Work work;
@@ -192,6 +199,8 @@ class Stream final {
   std::string error_;                       // first error, not yet reported
   std::shared_ptr<CapturedGraph> capture_;  // guarded by mutex_
   std::atomic<CapturedGraph*> capture_raw_{nullptr};
+  CaptureMode capture_mode_ = CaptureMode::kGlobal;  // guarded by mutex_
+  std::thread::id capture_thread_;                   // guarded by mutex_
 };
 
 // The streams of one device. Stream 0 is the default stream; new streams
@@ -209,6 +218,8 @@ class StreamPool final {
   Stream& get(StreamId id);
   Stream& current();
   void set_current(StreamId id);
+  // Waits for every stream; raises CaptureError first if a capture
+  // underway forbids the calling thread a device-wide wait (graph.h).
   void synchronize_all();
   // Stream::collect_finished on every stream.
   void collect_finished();
@@ -228,6 +239,8 @@ class StreamPool final {
   void refuse_after_fork();
 
  private:
+  void refuse_wait_during_capture(const std::vector<Stream*>& streams) const;
+
   const int device_index_;
   // Process-unique, never reused: keys this pool's per-thread current
   // stream, so a pool created later at the same address starts fresh.
