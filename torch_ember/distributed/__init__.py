@@ -13,8 +13,9 @@ ember's own. Registered at import of torch_ember::
 Covered: allreduce (+ coalesced), broadcast, reduce, allgather (+ base,
 coalesced), gather, scatter, reduce_scatter (+ base), alltoall (+ base),
 send/recv (+ any source), barrier, monitored_barrier: what DDP and FSDP use.
-Execution on ember is synchronous, so the bytes a collective reads are final
-when it is issued.
+A collective hands gloo the tensor's bytes through ``_C.cpu_alias``, which
+first waits for the work queued on ember (asynchronous execution), so the
+bytes it reads are final when it is issued.
 """
 
 from datetime import timedelta
