@@ -3,6 +3,7 @@ zero-copy CPU aliases of ember tensors, torch_ember/distributed). Every case
 spawns real processes in a fresh interpreter, bounded by a timeout."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -283,6 +284,8 @@ def two_hosts():
         (f"ember-a{tag}", "10.231.7.1", f"ea{tag}"),
         (f"ember-b{tag}", "10.231.7.2", f"eb{tag}"),
     ]
+    if shutil.which("ip") is None:
+        pytest.skip("cannot create network namespaces here: no `ip` command (iproute2)")
     made = _ip("netns", "add", hosts[0][0])
     if made.returncode != 0:
         pytest.skip(f"cannot create network namespaces here: {made.stderr.strip()}")
