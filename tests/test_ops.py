@@ -6,6 +6,7 @@ strict mode.
 """
 
 import os
+import struct
 import subprocess
 import sys
 
@@ -42,6 +43,11 @@ def same(ember_result, cpu_result):
         assert len(ember_result) == len(cpu_result)
         for e, c in zip(ember_result, cpu_result, strict=True):
             same(e, c)
+        return
+    if isinstance(cpu_result, float):
+        # Bitwise, as for tensors: -0.0 != +0.0, NaN payloads count.
+        assert isinstance(ember_result, float)
+        assert struct.pack("<d", ember_result) == struct.pack("<d", cpu_result)
         return
     if not isinstance(cpu_result, torch.Tensor):
         assert ember_result == cpu_result
@@ -86,6 +92,9 @@ def test_same_is_bitwise():
         with pytest.raises(AssertionError):
             same(ember.to("ember"), cpu)
     same(nan.to("ember"), nan.clone())
+    with pytest.raises(AssertionError):  # scalar results too (item(), max of a 0-dim)
+        same(-0.0, 0.0)
+    same(float("nan"), float("nan"))
     same((-zero).to("ember"), -zero)
 
 

@@ -147,6 +147,8 @@ INVALID = [
     ("EMBER_CPU_PARITY", "2"),
     ("EMBER_STRICT", "true"),
     ("EMBER_DEBUG_HEAP", "on"),
+    ("EMBER_ASYNC", "sometimes"),
+    ("EMBER_ASYNC", "2"),
     ("EMBER_DEVICES", "0"),
     ("EMBER_DEVICES", "abc"),
     ("EMBER_DEVICES", "-1"),
@@ -210,6 +212,7 @@ def _expected_message(name: str, value: str) -> str:
         "EMBER_CPU_PARITY": "cpu_parity",
         "EMBER_STRICT": "strict",
         "EMBER_DEBUG_HEAP": "heap checks",
+        "EMBER_ASYNC": "async_execution",
     }[name]
     got = value if value.lstrip("-").isdigit() else f"'{value}'"
     return f"{name}='{value}' is invalid: {setting} must be 1 or 0 (True or False); got {got}"
