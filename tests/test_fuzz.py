@@ -1,7 +1,8 @@
 """The random-program fuzzer (torch_ember.fuzz): a short fixed-seed slice
 in both modes, and the machinery itself (generation is deterministic and
 valid on CPU, a planted difference is found, shrunk and reproduced).
-``make fuzz`` generates 10,000 programs per mode and reports how many ran (programs CPU itself cannot run reproducibly are counted apart)."""
+``make fuzz`` generates 10,000 programs per mode and reports how many ran
+(programs CPU itself cannot run reproducibly are counted apart)."""
 
 from __future__ import annotations
 
