@@ -59,6 +59,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="toy-size workloads (smoke test)")
     p.add_argument("--no-peak", action="store_true", help="skip the physical-limit measurement")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="measure nothing: write the report (--out) from a results.json with the "
+        "current report rules (its plots are left as they are)",
+    )
     return p.parse_args(argv)
 
 
@@ -133,8 +141,35 @@ class _Progress:
             self.bar.close()
 
 
+def render(args: argparse.Namespace) -> int:
+    meta, machine_peak, results = report.read_json(args.render)
+    if machine_peak is not None:
+        apply_peaks(results, machine_peak, meta["settings"]["threads"])
+    plot_paths = [
+        os.path.relpath(args.plots / name, args.out.resolve().parent)
+        for name in ("ratio.png", "latency.png", "peak.png")
+        if (args.plots / name).exists()
+    ]
+    args.out.write_text(report.markdown(meta, machine_peak, results, plot_paths))
+    print(f"wrote {args.out} from {args.render}")
+    return 0
+
+
+def apply_peaks(results: list, machine_peak: peak.Peak, threads: int) -> None:
+    cores = min(threads, machine_peak.cores)
+    for r in results:
+        dtype = torch.bfloat16 if r.dtype == "bfloat16" else torch.float32
+        harness.apply_peak(
+            r,
+            machine_peak.theoretical(dtype, cores),
+            machine_peak.theoretical(torch.bfloat16, cores),
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        return render(args)
     _quiet()
     s = settings(args)
     names = args.workloads.split(",") if args.workloads else None
@@ -162,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     results = harness.run_suite(names, system_names, s, progress=progress)
     progress.close()
     if machine_peak is not None:
-        cores = min(s.threads, machine_peak.cores)
-        for r in results:
-            dtype = torch.bfloat16 if r.dtype == "bfloat16" else torch.float32
-            harness.apply_peak(r, machine_peak.theoretical(dtype, cores))
+        apply_peaks(results, machine_peak, s.threads)
     bandwidth = machine_peak.read_bandwidth(s.threads) if machine_peak is not None else None
     for r in results:
         harness.apply_bandwidth(r, bandwidth[1] if bandwidth else None)

@@ -307,6 +307,36 @@ def test_report_memory_bandwidth_and_decode_streaming(results):
     assert "weights streamed" not in report.workload_section(results[0], p, 2)
 
 
+def test_best_fp32_gemm_is_never_a_reduced_precision_system():
+    """ember-medium's fp32 GEMM has bf16 products: reported against the fp32
+    peak it read 163% once; the fp32 row names the best fp32 system."""
+
+    def system(name, gflops):
+        return harness.SystemResult(system=name, status="ok", gflops=gflops)
+
+    gemm = harness.WorkloadResult(
+        name="gemm-fp32", title="GEMM", dtype="float32", unit="run", per_run=1,
+        params=0, flops=1e9, rtol=1e-4, notes=[],
+        systems=[system("cpu-eager", 200.0), system("ember-eager", 300.0),
+                 system("ember-medium", 800.0)],
+    )  # fmt: skip
+    section = report.peak_section(_fake_peak(), 2, [gemm])
+    row = next(line for line in section.splitlines() if "best system on the GEMM" in line)
+    assert "(ember-eager)" in row and "ember-medium" not in row
+    harness.apply_peak(gemm, 400e9, 800e9)
+    assert [s.frac_peak for s in gemm.systems] == pytest.approx([0.5, 0.75, 1.0])
+
+
+def test_results_json_reads_back_and_renders_the_same_report(results, tmp_path):
+    p = _fake_peak()
+    meta = {"settings": {"threads": 2}, "date": "d", "command": "c"}
+    report.write_json(tmp_path / "r.json", meta, p, results)
+    meta2, p2, results2 = report.read_json(tmp_path / "r.json")
+    assert (meta2, p2) == (meta, p)
+    assert results2 == results
+    assert report.peak_section(p2, 2, results2) == report.peak_section(p, 2, results)
+
+
 def test_cli_writes_report(tmp_path):
     import run_suite
 
