@@ -395,6 +395,52 @@ def test_capture_end_on_another_thread_is_refused_and_the_capture_goes_on(mode):
     assert x.cpu().tolist() == [4.0] * 2
 
 
+def test_capture_across_streams_forks_and_joins_like_cuda():
+    """A side stream that waits on an event recorded during the capture joins
+    it; the origin waiting on the side stream's event joins it back. The
+    replay runs both streams' work in submission order."""
+    x = torch.ones(4, device=DEV)
+    g = torch.ember.EmberGraph()
+    origin, side = torch.ember.Stream(), torch.ember.Stream()
+    with torch.ember.stream(origin):
+        g.capture_begin()
+        a = x * 2
+        side.wait_event(origin.record_event())  # fork
+        with torch.ember.stream(side):
+            assert torch.ember.is_current_stream_capturing()
+            b = a + 1
+        origin.wait_event(side.record_event())  # join
+        c = a * b
+        g.capture_end()
+        assert not torch.ember.is_current_stream_capturing()
+    with torch.ember.stream(side):
+        assert not torch.ember.is_current_stream_capturing()
+    assert c.cpu().tolist() == [6.0] * 4
+    x.fill_(3)
+    g.replay()
+    assert c.cpu().tolist() == [42.0] * 4  # 6 * 7
+
+
+def test_capture_with_a_side_stream_not_joined_back_raises_and_ends_it():
+    x = torch.ones(4, device=DEV)
+    g = torch.ember.EmberGraph()
+    origin, side = torch.ember.Stream(), torch.ember.Stream()
+    with torch.ember.stream(origin):
+        g.capture_begin()
+        a = x * 2
+        side.wait_event(origin.record_event())
+        with torch.ember.stream(side):
+            a.add_(1)  # never joined back
+        with pytest.raises(RuntimeError, match="not joined back"):
+            g.capture_end()
+    with torch.ember.stream(side):
+        assert not torch.ember.is_current_stream_capturing()
+    torch.ember.synchronize()  # nothing capturing any more
+    assert a.cpu().tolist() == [3.0] * 4
+    with pytest.raises(RuntimeError, match="no captured graph"):
+        g.replay()
+
+
 def test_replay_before_capture_and_double_capture_raise():
     g = torch.ember.EmberGraph()
     with pytest.raises(RuntimeError, match="no captured graph"):

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "core/EmberAllocator.h"
 #include "core/EmberGenerator.h"
@@ -115,7 +116,19 @@ void EmberGraphImpl::capture_end() {
       rt::device(rt::current_device()).streams().current().id();
   const bool same_stream =
       rt::current_device() == device_ && current == stream_;
+  std::vector<rt::Stream*> unjoined = graph_->unjoined();
   end_capture_state();
+  if (!unjoined.empty()) {
+    graph_->clear();  // invalidated, as CUDA's unjoined capture
+    std::ostringstream ids;
+    for (const rt::Stream* s : unjoined) ids << " " << s->id();
+    TORCH_CHECK(false, "Capture ended with work on stream(s)", ids.str(),
+                " of ember:", device_,
+                " that joined it (they waited on an event recorded during "
+                "the capture) and were not joined back: record an event on "
+                "each after its last work and make the capturing stream "
+                "wait on it before capture_end()");
+  }
   TORCH_CHECK(same_stream,
               "Capture must end on the same stream it began on "
               "(device ",

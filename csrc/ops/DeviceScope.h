@@ -134,7 +134,8 @@ void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
       graph->record(
           capture::interned(op),
           LaunchedWork<decltype(replay)>{device, launching_thread_count(device),
-                                         std::nullopt, std::move(replay)});
+                                         std::nullopt, std::move(replay)},
+          &stream);
     }
   });
 }

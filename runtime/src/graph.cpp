@@ -1,6 +1,7 @@
 // Graph capture and replay: see graph.h.
 #include "ember/runtime/graph.h"
 
+#include <algorithm>
 #include <exception>
 #include <utility>
 
@@ -20,9 +21,10 @@ const char* capture_mode_name(CaptureMode mode) {
   return "global";
 }
 
-void CapturedGraph::record(const char* name, Work work) {
+void CapturedGraph::record(const char* name, Work work, const Stream* from) {
   std::lock_guard<std::mutex> lock(mutex_);
   units_->push_back(Unit{name, std::move(work)});
+  if (from != nullptr) ++submitted_[from];
 }
 
 std::size_t CapturedGraph::size() const {
@@ -73,9 +75,58 @@ void CapturedGraph::clear() {
   units_ = std::make_shared<std::vector<Unit>>();
 }
 
-void CapturedGraph::set_capturing(bool capturing) {
+void CapturedGraph::set_capturing(bool capturing, Stream* origin) {
   std::lock_guard<std::mutex> lock(mutex_);
   capturing_ = capturing;
+  if (capturing) {
+    origin_ = origin;
+    joined_.clear();
+    submitted_.clear();
+  }
+}
+
+Stream* CapturedGraph::origin() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return origin_;
+}
+
+void CapturedGraph::add_joined(Stream* stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  joined_.push_back(JoinedStream{stream, 0});
+}
+
+std::vector<Stream*> CapturedGraph::joined() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Stream*> out;
+  for (const JoinedStream& j : joined_) out.push_back(j.stream);
+  return out;
+}
+
+std::size_t CapturedGraph::submitted_by(const Stream* stream) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = submitted_.find(stream);
+  return it == submitted_.end() ? 0 : it->second;
+}
+
+void CapturedGraph::note_joined_back(const Stream* stream,
+                                     std::size_t position) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (JoinedStream& j : joined_) {
+    if (j.stream == stream) {
+      j.joined_back_at = std::max(j.joined_back_at, position);
+    }
+  }
+}
+
+std::vector<Stream*> CapturedGraph::unjoined() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Stream*> out;
+  for (const JoinedStream& j : joined_) {
+    const auto it = submitted_.find(j.stream);
+    const std::size_t submitted = it == submitted_.end() ? 0 : it->second;
+    if (submitted > j.joined_back_at) out.push_back(j.stream);
+  }
+  return out;
 }
 
 bool CapturedGraph::capturing() const {

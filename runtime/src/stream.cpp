@@ -150,7 +150,7 @@ void Stream::enqueue(const char* name, Work work) {
     raise_pending_error(lock);
   }
   if (CapturedGraph* graph = capture()) [[unlikely]] {
-    graph->record(name, work);
+    graph->record(name, work, this);
   }
   if (launch_blocking()) [[unlikely]] {
     run(work);  // EMBER_LAUNCH_BLOCKING=1: errors surface at the call
@@ -314,7 +314,7 @@ void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
                        std::to_string(device_index_) +
                        " is already capturing a graph");
   }
-  graph->set_capturing(true);
+  graph->set_capturing(true, this);
   capture_ = std::move(graph);
   capture_mode_ = mode;
   capture_thread_ = std::this_thread::get_id();
@@ -326,16 +326,58 @@ void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
 }
 
 std::shared_ptr<CapturedGraph> Stream::end_capture() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  capture_raw_.store(nullptr, std::memory_order_release);
-  if (capture_ != nullptr) {
-    capture_->set_capturing(false);
-    if (capture_mode_ == CaptureMode::kGlobal) {
-      global_mode_captures.fetch_sub(1, std::memory_order_release);
+  std::shared_ptr<CapturedGraph> graph;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    capture_raw_.store(nullptr, std::memory_order_release);
+    if (capture_ != nullptr) {
+      capture_->set_capturing(false);
+      if (capture_mode_ == CaptureMode::kGlobal) {
+        global_mode_captures.fetch_sub(1, std::memory_order_release);
+      }
+      capturing_streams.fetch_sub(1, std::memory_order_release);
     }
-    capturing_streams.fetch_sub(1, std::memory_order_release);
+    graph = std::move(capture_);
   }
-  return std::move(capture_);
+  // Outside this stream's lock: Event::block takes a joiner's lock and then
+  // reads the origin's.
+  if (graph != nullptr) {
+    for (Stream* joined : graph->joined()) joined->leave_capture(graph.get());
+  }
+  return graph;
+}
+
+void Stream::join_capture(std::shared_ptr<CapturedGraph> graph,
+                          Stream& origin) {
+  CaptureMode mode;
+  std::thread::id thread;
+  {
+    std::lock_guard<std::mutex> lock(origin.mutex_);
+    mode = origin.capture_mode_;
+    thread = origin.capture_thread_;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_ != nullptr) return;  // already in a capture
+  graph->add_joined(this);
+  capture_ = std::move(graph);
+  capture_mode_ = mode;
+  capture_thread_ = thread;
+  capture_raw_.store(capture_.get(), std::memory_order_release);
+  if (mode == CaptureMode::kGlobal) {
+    global_mode_captures.fetch_add(1, std::memory_order_release);
+  }
+  capturing_streams.fetch_add(1, std::memory_order_release);
+}
+
+void Stream::leave_capture(const CapturedGraph* graph) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (capture_.get() != graph) return;
+  capture_raw_.store(nullptr, std::memory_order_release);
+  if (capture_mode_ == CaptureMode::kGlobal) {
+    global_mode_captures.fetch_sub(1, std::memory_order_release);
+  }
+  capturing_streams.fetch_sub(1, std::memory_order_release);
+  capture_.reset();
 }
 
 std::optional<CaptureMode> Stream::capture_forbidding_wait() {
@@ -540,8 +582,13 @@ void Event::record(Stream& stream) {
   auto state = std::make_shared<EventState>();
   device_index_ = stream.device_index();
   stream_ = &stream;
+  captured_in_.reset();
   {
     std::lock_guard<std::mutex> lock(stream.mutex_);
+    if (stream.capture_ != nullptr) [[unlikely]] {
+      captured_in_ = stream.capture_;
+      captured_at_ = captured_in_->submitted_by(&stream);
+    }
     if ((stream.pending_.load(std::memory_order_acquire) &
          ~Stream::kErrorFlag) == 0 ||
         stream.worker_ == nullptr) {
@@ -573,6 +620,17 @@ void Event::synchronize() const {
 }
 
 void Event::block(Stream& stream) const {
+  if (captured_in_ != nullptr && captured_in_->capturing()) [[unlikely]] {
+    // Cross-stream capture: a stream outside any capture joins this one
+    // (fork); the origin waiting on a joined stream's event joins it back.
+    CapturedGraph* current = stream.capture();
+    Stream* origin = captured_in_->origin();
+    if (current == nullptr && origin != nullptr) {
+      stream.join_capture(captured_in_, *origin);
+    } else if (current == captured_in_.get() && &stream == origin) {
+      captured_in_->note_joined_back(stream_, captured_at_);
+    }
+  }
   if (state_ == nullptr || state_->done.load(std::memory_order_acquire) ||
       stream_ == &stream) {
     return;  // nothing to wait for, or already ordered by the stream

@@ -121,6 +121,34 @@ TEST(Graph, CaptureModeDecidesWhichDeviceWideWaitsAreRefused) {
   }
 }
 
+TEST(Graph, AStreamWaitingOnACapturedEventJoinsTheCaptureUntilItEnds) {
+  StreamPool pool(0);
+  Stream& origin = pool.create();
+  Stream& side = pool.create();
+  auto graph = std::make_shared<CapturedGraph>();
+  origin.begin_capture(graph);
+  origin.enqueue("a", [] {});
+  Event fork;
+  fork.record(origin);
+  fork.block(side);
+  EXPECT_EQ(side.capture(), graph.get());
+  side.enqueue("b", [] {});
+  EXPECT_EQ(graph->unjoined(), std::vector<Stream*>{&side});
+  Event join;
+  join.record(side);
+  side.enqueue("c", [] {});  // after the event: not covered by the join
+  join.block(origin);
+  EXPECT_EQ(graph->unjoined(), std::vector<Stream*>{&side});
+  Event join_after_c;
+  join_after_c.record(side);
+  join_after_c.block(origin);
+  EXPECT_TRUE(graph->unjoined().empty());
+  origin.end_capture();
+  EXPECT_EQ(side.capture(), nullptr);
+  pool.synchronize_all();  // nothing captures any more
+  EXPECT_EQ(graph->names(), (std::vector<std::string>{"a", "b", "c"}));
+}
+
 TEST(Graph, ReplayOfAnEmptyGraphIsRefused) {
   Stream stream(0, 1, 0);
   CapturedGraph graph;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace ember::runtime {
@@ -44,8 +45,9 @@ class CapturedGraph final {
  public:
   using Work = std::function<void()>;
 
-  // Appends a unit; `name` (static) names it in a replay error.
-  void record(const char* name, Work work);
+  // Appends a unit; `name` (static) names it in a replay error. `from`:
+  // the stream that submitted it (cross-stream capture's bookkeeping).
+  void record(const char* name, Work work, const Stream* from = nullptr);
   std::size_t size() const;
   // Names of the recorded units, in order (graph inspection, tests).
   std::vector<std::string> names() const;
@@ -60,9 +62,27 @@ class CapturedGraph final {
   // Drops every unit (and what the units hold).
   void clear();
 
-  // Set by Stream::begin_capture / end_capture.
-  void set_capturing(bool capturing);
+  // Set by Stream::begin_capture / end_capture; `origin` is the stream that
+  // began the capture.
+  void set_capturing(bool capturing, Stream* origin = nullptr);
   bool capturing() const;
+
+  // Cross-stream capture, as CUDA's event fork/join: a stream that waits on
+  // an event recorded during the capture joins it (Event::block): its work
+  // is recorded here too, in submission order, which is the order a replay
+  // runs everything in. Before the capture ends every joined stream must be
+  // joined back: the origin waits on an event recorded on it after its last
+  // work.
+  Stream* origin() const;
+  void add_joined(Stream* stream);
+  std::vector<Stream*> joined() const;
+  // Units `stream` has submitted to this graph so far.
+  std::size_t submitted_by(const Stream* stream) const;
+  // The origin waited on an event recorded on `stream` when it had
+  // submitted `position` units.
+  void note_joined_back(const Stream* stream, std::size_t position);
+  // Joined streams with work after their last join back.
+  std::vector<Stream*> unjoined() const;
 
  private:
   struct Unit {
@@ -78,6 +98,13 @@ class CapturedGraph final {
   std::shared_ptr<std::vector<Unit>> units_ =
       std::make_shared<std::vector<Unit>>();
   bool capturing_ = false;
+  Stream* origin_ = nullptr;
+  struct JoinedStream {
+    Stream* stream;
+    std::size_t joined_back_at;
+  };
+  std::vector<JoinedStream> joined_;
+  std::unordered_map<const Stream*, std::size_t> submitted_;
 };
 
 }  // namespace ember::runtime

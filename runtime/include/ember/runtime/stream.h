@@ -133,7 +133,8 @@ class Stream final {
   // waits the capture forbids (graph.h); it began on the calling thread.
   void begin_capture(std::shared_ptr<CapturedGraph> graph,
                      CaptureMode mode = CaptureMode::kGlobal);
-  // Ends the capture (nullptr if there was none) and returns its graph.
+  // Ends the capture (nullptr if there was none) and returns its graph;
+  // streams that joined it (graph.h, cross-stream capture) leave it too.
   std::shared_ptr<CapturedGraph> end_capture();
   // The graph this stream records into, or nullptr.
   CapturedGraph* capture() const {
@@ -142,6 +143,11 @@ class Stream final {
   // The mode of this stream's capture if it forbids a device-wide wait made
   // by the calling thread (thread_local: only the thread that began it).
   std::optional<CaptureMode> capture_forbidding_wait();
+  // Cross-stream capture (Event::block): this stream joins `graph`, begun on
+  // `origin` (whose mode and thread it takes); later leaves it when the
+  // origin's capture ends.
+  void join_capture(std::shared_ptr<CapturedGraph> graph, Stream& origin);
+  void leave_capture(const CapturedGraph* graph);
   // Stops the worker after it has run everything queued (idempotent); later
   // work runs inline. Called at exit for every device.
   void shutdown();
@@ -280,6 +286,10 @@ class Event final {
   int device_index_ = -1;
   Stream* stream_ = nullptr;
   std::shared_ptr<EventState> state_;
+  // Recorded on a capturing stream: its graph and the units the stream had
+  // submitted to it (a wait on this event joins or joins back, graph.h).
+  std::shared_ptr<CapturedGraph> captured_in_;
+  std::size_t captured_at_ = 0;
 };
 
 // True on a stream's worker thread (queued work must never wait for its own
