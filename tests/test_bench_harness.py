@@ -472,3 +472,16 @@ def test_every_workload_on_every_system_slow():
                 ("ok", "skip", "WRONG") if (r.name, s.system) in KNOWN_WRONG else ("ok", "skip")
             )
             assert s.status in allowed, (r.name, s.system, s.reason)
+
+
+def test_graph_bench_reports_the_decode_floor_from_the_measured_bandwidth():
+    import graphs
+
+    r = {
+        "times": {"cpu-eager": 0.030, "ember-eager": 0.016, "ember-graph": 0.013},
+        "streaming": {"weight_bytes": 500e6, "read_bw": 50e9, "threads": 2},
+    }
+    text = "\n".join(graphs.streaming_lines(r))
+    assert "no step can take less than 10.00 ms" in text
+    assert "| ember-graph | 13.000 ms | 38.5 GB/s | 77% | 0.77x |" in text
+    assert graphs.streaming_lines({"times": r["times"]}) == []  # not measured: no table
