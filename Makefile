@@ -125,6 +125,13 @@ bench-breakdown: setup
 # Graph replay against eager (issue 12): mlp-b1 and GPT-2 small decode with a
 # static KV cache, one replay per call/token, against CPU and ember eager (~2 min).
 # Writes docs/bench/graphs.md.
+# Serving throughput (issue 11): N BERT replicas on N devices that own their
+# cores vs one device owning them all, one 1-core device and CPU (~3 min).
+.PHONY: bench-serving
+
+bench-serving: bench-deps
+	BENCH_COMMAND="make bench-serving" $(PY) benchmarks/serving.py --out docs/bench/serving.md --plot docs/bench/serving.png
+
 .PHONY: bench-graphs
 
 bench-graphs: bench-deps

@@ -68,7 +68,7 @@ WORKER = textwrap.dedent(
     def serve(i):
         model, x = models[i]
         try:
-            if spec["system"] == "ember" and spec["devices"] > 1:
+            if spec["system"] == "ember" and (spec["devices"] > 1 or spec["cores"]):
                 # One serving thread per device, on that device's cores.
                 torch.ember.use_device_cores(i)
             with torch.no_grad():
@@ -104,8 +104,16 @@ WORKER = textwrap.dedent(
 
 
 def run_config(
-    model: str, system: str, devices: int, replicas: int, requests: int, warmup: int
+    model: str,
+    system: str,
+    devices: int,
+    replicas: int,
+    requests: int,
+    warmup: int,
+    cores: str | None = None,
 ) -> dict:
+    """``cores``: EMBER_DEVICE_CORES for the run (default: the process's cores
+    split evenly between the devices)."""
     spec = {
         "config": MODELS[model],
         "system": system,
@@ -113,9 +121,12 @@ def run_config(
         "replicas": replicas,
         "requests": requests,
         "warmup": warmup,
+        "cores": cores,
     }
     env = {**os.environ, "EMBER_DEVICES": str(devices)}
     env.pop("EMBER_DEVICE_CORES", None)
+    if cores is not None:
+        env["EMBER_DEVICE_CORES"] = cores
     result = subprocess.run(
         [sys.executable, "-c", WORKER, json.dumps(spec)],
         env=env,
@@ -140,35 +151,50 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--plot", default=None, help="PNG: throughput by configuration")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--out", default=None, help="markdown report (make bench-serving)")
     args = parser.parse_args()
 
     n = args.replicas
+    first_core = str(min(os.sched_getaffinity(0)))
+    # (label, system, devices, replicas, EMBER_DEVICE_CORES)
     configs = [
-        ("cpu eager", "cpu", 1),
-        ("ember, 1 device", "ember", 1),
-        (f"ember, {n} devices", "ember", n),
+        ("cpu eager", "cpu", 1, n, None),
+        ("ember, 1 device", "ember", 1, n, None),
+        ("ember, one 1-core device, 1 replica", "ember", 1, 1, first_core),
+        (f"ember, {n} devices", "ember", n, n, None),
     ]
     results: dict[str, dict[str, float]] = {}
     jobs = [(m, c) for m in args.models for c in configs]
-    for model, (label, system, devices) in tqdm(jobs, desc="serving", unit="config"):
+    for model, (label, system, devices, replicas, cores) in tqdm(
+        jobs, desc="serving", unit="config"
+    ):
         requests = args.requests or (200 if model == "bert-tiny" else 20)
-        out = run_config(model, system, devices, n, requests, args.warmup)
+        out = run_config(model, system, devices, replicas, requests, args.warmup, cores)
         if out["errors"]:
             raise SystemExit(f"{model} {label}: {out['errors']}")
         results.setdefault(model, {})[label] = out["throughput"]
 
-    print(f"\n{n} replicas from {n} threads, batch 1, seq 128 (requests/s; ratios in this run)\n")
-    header = (
+    lines = [
+        (
+            f"{n} replicas from {n} threads (the 1-core column: 1 replica, 1 thread), batch 1, "
+            "seq 128 (requests/s; ratios in this run)"
+        ),
+        "",
         "| model | "
-        + " | ".join(label for label, _, _ in configs)
-        + f" | {n} dev / 1 dev | {n} dev / cpu |"
-    )
-    print(header)
-    print("|" + "---|" * (len(configs) + 3))
+        + " | ".join(c[0] for c in configs)
+        + f" | {n} dev / 1 dev | {n} dev / one 1-core dev | {n} dev / cpu |",
+        "|" + "---|" * (len(configs) + 4),
+    ]
     for model, row in results.items():
-        many, one, cpu = row[configs[2][0]], row[configs[1][0]], row[configs[0][0]]
-        cells = " | ".join(f"{row[label]:.1f}" for label, _, _ in configs)
-        print(f"| {model} | {cells} | {many / one:.2f}x | {many / cpu:.2f}x |")
+        cpu, one, one_core, many = (row[c[0]] for c in configs)
+        cells = " | ".join(f"{row[c[0]]:.1f}" for c in configs)
+        lines.append(
+            f"| {model} | {cells} | {many / one:.2f}x | {many / one_core:.2f}x | "
+            f"{many / cpu:.2f}x |"
+        )
+    print("\n" + "\n".join(lines))
+    if args.out:
+        write_markdown(args.out, lines, n)
 
     if args.json:
         with open(args.json, "w") as f:
@@ -181,13 +207,45 @@ def main() -> None:
 
         fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
         for ax, (model, row) in zip(axes[0], results.items(), strict=True):
-            ax.bar(list(row), list(row.values()), color=["#888", "#e8743b", "#c0392b"])
+            ax.bar(list(row), list(row.values()), color=["#888", "#e8743b", "#f0b27a", "#c0392b"])
             ax.set_title(f"{model}: {n} replicas, {n} threads")
             ax.set_ylabel("requests / s")
             ax.tick_params(axis="x", labelrotation=15)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"\nplot: {args.plot}")
+
+
+def write_markdown(path: str, table: list[str], n: int) -> None:
+    import datetime
+
+    from suite.peak import cpu_model
+
+    command = os.environ.get("BENCH_COMMAND") or " ".join(["python", *sys.argv])
+    cpu = cpu_model()
+    text = [
+        (
+            "<!-- GENERATED FILE: written by benchmarks/serving.py (`make bench-serving`). "
+            "Do not edit by hand; rerun the command below to regenerate. -->"
+        ),
+        "",
+        "# Serving throughput: devices that own their cores",
+        "",
+        (
+            f"Generated {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} by `{command}` "
+            f"on {cpu} ({len(os.sched_getaffinity(0))} CPUs)."
+        ),
+        "",
+        *table,
+        "",
+        (
+            f"Targets (issue 11): {n} devices x 1 core >= 1.8x one 1-core device, and >= 1.3x one "
+            f"{n}-core device running the same requests. Each configuration runs in a fresh "
+            "interpreter; outputs are checked against CPU's."
+        ),
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
 
 
 if __name__ == "__main__":
