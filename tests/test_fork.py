@@ -1,19 +1,20 @@
 """fork() while other threads use ember (issue 14, item 1).
 
-The runtime's pthread_atfork handlers take every runtime lock before fork()
-and release them in parent and child, so a child never starts with a lock
-held by a thread it does not have. Each check runs in a fresh interpreter
-(forking the pytest process itself would copy its threads' state); a child
-that does not exit within its timeout counts as hung and is killed.
+Before fork() the forking thread takes every lock another thread could hold
+across it and releases them in parent and child, so a child never starts
+with a lock held by a thread it does not have: the runtime's (device
+creation, allocators, stream pools, pinned memory) and the glue's
+(generators, the verbose log, caches and statistics: csrc/core/ForkSafety.h).
+The pack cache's lock is the exception (held while packing takes the GIL):
+a child that inherits it held starts with an empty cache. Each check runs in
+a fresh interpreter (forking the pytest process itself would copy its
+threads' state); a child that does not exit within its timeout counts as
+hung and is killed.
 """
 
 import textwrap
 
-# The issue's reproducer, bounded: threads allocate (and draw random
-# numbers) on ember while the main thread forks; each child allocates and
-# draws too. Before the handlers, about 1 child in 100 hung forever in
-# CachingAllocator::allocate.
-#
+
 # The forks start once every thread has run its ops once: a fork taken while
 # another thread is still initialising a function-local static (PyTorch's
 # per-op handles, e.g. at::_ops::randn::call's) leaves the child waiting on
@@ -21,12 +22,64 @@ import textwrap
 # atfork handler can finish another thread's initialisation. What ember owns
 # of that first-op window is fixed (RecordFunction state built before fork,
 # no lazily built statics on the fallback path); the check is on the locks.
-FORK_WHILE_ALLOCATING = textwrap.dedent(
+def forking_script(workers: str, forks: int) -> str:
+    """A script that runs `workers`, which defines WORKERS (functions, each
+    run on its own thread until the Event `stop` is set, taking an Event it
+    sets once it has run its ops) and child() (a child's check), and then
+    forks `forks` times (or sys.argv[1]); each child exits with child()'s
+    verdict. Prints "forks=N hung=H failed=F", stopping at the first child
+    not done within 20 s."""
+    return textwrap.dedent(workers) + textwrap.dedent(
+        f"""
+        import os, sys, threading, time
+
+        FORKS = int(sys.argv[1]) if len(sys.argv) > 1 else {forks}
+        running = [threading.Event() for _ in WORKERS]
+        threads = [threading.Thread(target=f, args=(r,)) for f, r in zip(WORKERS, running)]
+        for t in threads:
+            t.start()
+        for r in running:
+            r.wait()
+        hung = failed = 0
+        for i in range(FORKS):
+            pid = os.fork()
+            if pid == 0:
+                ok = False
+                try:
+                    ok = child()
+                finally:
+                    os._exit(0 if ok else 1)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    failed += os.waitstatus_to_exitcode(status) != 0
+                    break
+                if time.monotonic() > deadline:
+                    hung += 1
+                    os.kill(pid, 9)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.001)
+            if hung:
+                break
+        stop.set()
+        for t in threads:
+            t.join()
+        print(f"forks={{i + 1}} hung={{hung}} failed={{failed}}")
+        """
+    )
+
+
+# The issue's reproducer, bounded: threads allocate (and draw random
+# numbers) on ember while the main thread forks; each child allocates and
+# draws too. Before the handlers, about 1 child in 100 hung forever in
+# CachingAllocator::allocate.
+FORK_WHILE_ALLOCATING = forking_script(
     """
-    import os, sys, threading, time
+    import threading
     import torch
 
-    FORKS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     stop = threading.Event()
 
     def allocate(running):
@@ -40,46 +93,61 @@ FORK_WHILE_ALLOCATING = textwrap.dedent(
             torch.ember.manual_seed(1)
             running.set()
 
-    running = [threading.Event() for _ in range(3)]
-    threads = [
-        threading.Thread(target=f, args=(r,)) for f, r in zip((allocate, allocate, draw), running)
-    ]
-    for t in threads:
-        t.start()
-    for r in running:
-        r.wait()
-    hung = failed = 0
-    for i in range(FORKS):
-        pid = os.fork()
-        if pid == 0:
-            ok = torch.ones(100000, device="ember").sum().item() == 100000
-            torch.randn(100, device="ember")
-            torch.ember.empty_cache()
-            os._exit(0 if ok else 1)
-        deadline = time.monotonic() + 20
-        while True:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                failed += os.waitstatus_to_exitcode(status) != 0
-                break
-            if time.monotonic() > deadline:
-                hung += 1
-                os.kill(pid, 9)
-                os.waitpid(pid, 0)
-                break
-            time.sleep(0.001)
-        if hung:
-            break
-    stop.set()
-    for t in threads:
-        t.join()
-    print(f"forks={i + 1} hung={hung} failed={failed}")
+    WORKERS = [allocate, allocate, draw]
+
+    def child():
+        ok = torch.ones(100000, device="ember").sum().item() == 100000
+        torch.randn(100, device="ember")
+        torch.ember.empty_cache()
+        return ok
+    """,
+    forks=200,
+)
+
+# A thread keeps packing the weights of fresh nn.Linear layers (a weight is
+# packed on its second use, under the pack cache's lock) while the main
+# thread forks; each child runs F.linear twice (the pack cache again: a
+# child that inherited its lock held starts with an empty cache). Before
+# that, a child hung in PackCache::find_or_pack within a few forks. The
+# child's input is a single row: its unpacked product then runs on MKL, not
+# on oneDNN, whose primitive cache lock (not ember's) the parent's thread
+# may hold at fork (a child hung there about once in 3000 forks).
+FORK_WHILE_PACKING = forking_script(
     """
+    import threading
+    import torch
+    import torch.nn.functional as F
+
+    stop = threading.Event()
+
+    def pack(running):
+        x = torch.ones(8, 512, device="ember")
+        while not stop.is_set():
+            layer = torch.nn.Linear(512, 512, device="ember")
+            for _ in range(3):
+                layer(x)
+            if torch.backends.ember.packed_weights_info()["packs"] > 0:
+                running.set()
+
+    WORKERS = [pack]
+
+    def child():
+        x = torch.ones(1, 64, device="ember")
+        w = torch.ones(32, 64, device="ember")
+        return all(F.linear(x, w)[0, 0].item() == 64 for _ in range(2))
+    """,
+    forks=200,
 )
 
 
 def test_fork_while_other_threads_allocate_never_hangs(run_python):
     result = run_python(FORK_WHILE_ALLOCATING, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "forks=200 hung=0 failed=0", result.stdout + result.stderr
+
+
+def test_fork_while_another_thread_packs_weights_never_hangs(run_python):
+    result = run_python(FORK_WHILE_PACKING, env={"OMP_NUM_THREADS": "1"}, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "forks=200 hung=0 failed=0", result.stdout + result.stderr
 

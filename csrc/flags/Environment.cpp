@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/ForkSafety.h"
 #include "ember/runtime/device.h"
 
 namespace ember::flags {
@@ -17,7 +18,7 @@ std::vector<std::string>& recorded() {
 }
 
 std::mutex& recorded_mutex() {
-  static std::mutex mutex;
+  static ForkHeldMutex mutex;
   return mutex;
 }
 

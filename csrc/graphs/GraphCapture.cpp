@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "core/ForkSafety.h"
 #include "ember/runtime/device.h"
 #include "ops/CpuAlias.h"
 
@@ -17,7 +18,7 @@ runtime::CapturedGraph* graph_for(c10::DeviceIndex device) {
 }
 
 const char* interned(std::string_view name) {
-  static std::mutex mutex;
+  static ForkHeldMutex mutex;
   static std::unordered_set<std::string> names;
   std::lock_guard<std::mutex> lock(mutex);
   return names.emplace(name).first->c_str();

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/ForkSafety.h"
 #include "ember/runtime/device.h"
 
 namespace ember::observe {
@@ -25,7 +26,8 @@ struct DeviceHistory {
 };
 
 struct History {
-  std::mutex mutex;
+  // A leaf (frames are gathered outside it).
+  ForkHeldMutex mutex;
   HistorySettings settings;
   std::vector<DeviceHistory> devices{static_cast<size_t>(rt::kMaxDevices)};
 };

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ForkSafety.h"
 #include "ember/runtime/device.h"
 #include "observe/ExecutionPath.h"
 
@@ -34,6 +35,10 @@ struct DeviceActivity {
 
 class EmberProfilerSession;
 std::atomic<EmberProfilerSession*> g_recording{nullptr};
+
+// Guards the sessions' activities (one session records at a time): a leaf,
+// taken by ops' threads and by stream workers.
+ForkHeldMutex activities_mutex;
 
 // Kineto pushes a correlation id when an op starts and pops it when the op
 // ends, on the op's thread: the op's start/end for us. A frame is an open op.
@@ -75,7 +80,7 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
     if (record && g_recording.load(std::memory_order_acquire) == this) {
       const int device = rt::current_device();
       const int64_t stream = rt::device(device).streams().current().id();
-      std::lock_guard<std::mutex> lock(mutex_);
+      std::lock_guard<std::mutex> lock(activities_mutex);
       activities_.push_back({current_op_name(), device, stream, frame.start_ns,
                              c10::getTime(), frame.correlation});
     }
@@ -88,7 +93,7 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
 
   void add_launched(const LaunchTrace& trace, int device, int64_t start_ns,
                     int64_t end_ns) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(activities_mutex);
     activities_.push_back({trace.route, device, trace.stream, start_ns, end_ns,
                            trace.correlation});
   }
@@ -113,7 +118,7 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
   void processTrace(libkineto::ActivityLogger& logger,
                     libkineto::getLinkedActivityCallback linked,
                     int64_t /*start*/, int64_t /*end*/) override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(activities_mutex);
     buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
     buffer_->span = libkineto::TraceSpan(start_ns_, end_ns_, "ember");
     std::set<std::pair<int, int64_t>> rows;
@@ -170,14 +175,13 @@ class EmberProfilerSession final : public libkineto::IActivityProfilerSession {
     return {};
   }
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::mutex> lock(activities_mutex);
     return std::move(buffer_);
   }
 
  private:
   int64_t start_ns_ = 0;
   int64_t end_ns_ = 0;
-  std::mutex mutex_;
   std::vector<DeviceActivity> activities_;
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_;
 };

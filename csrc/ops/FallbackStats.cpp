@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "core/ForkSafety.h"
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
 
@@ -11,7 +12,7 @@ namespace ember {
 namespace {
 
 std::mutex& stats_mutex() {
-  static std::mutex mutex;
+  static ForkHeldMutex mutex;
   return mutex;
 }
 

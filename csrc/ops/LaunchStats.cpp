@@ -3,10 +3,12 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/ForkSafety.h"
+
 namespace ember {
 namespace {
 
-std::mutex stats_mutex;
+ForkHeldMutex stats_mutex;
 std::unordered_map<std::string, LaunchCounts>& stats() {
   static auto* counts = new std::unordered_map<std::string, LaunchCounts>();
   return *counts;

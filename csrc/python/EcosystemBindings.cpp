@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "core/EmberAllocator.h"
+#include "core/ForkSafety.h"
 #include "core/RuntimeErrors.h"
 #include "ember/runtime/caching_allocator.h"
 #include "ember/runtime/device.h"
@@ -151,7 +152,7 @@ py::dict memory_snapshot(bool include_traces) {
 
 // caching_allocator_alloc/delete: the DataPtrs of raw allocations by pointer.
 struct RawAllocations {
-  std::mutex mutex;
+  ForkHeldMutex mutex;  // a leaf: allocations are made and freed outside it
   std::unordered_map<uintptr_t, c10::DataPtr> live;
 };
 RawAllocations& raw_allocations() {

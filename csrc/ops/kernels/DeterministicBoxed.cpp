@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "core/CpuAllocationCapture.h"
+#include "core/ForkSafety.h"
 #include "flags/BackendFlags.h"
 #include "ops/CpuDelegation.h"
 #include "ops/DelegationCall.h"
@@ -93,7 +94,8 @@ namespace {
 // pow.Tensor_Scalar -> pow.Tensor_Scalar_out, sigmoid_backward ->
 // sigmoid_backward.grad_input), if it takes the same arguments plus `out`.
 std::optional<c10::OperatorHandle> out_overload(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
+  // A leaf (the dispatcher's lookup takes only the dispatcher's own lock).
+  static ForkHeldMutex mutex;
   static std::unordered_map<std::string, std::optional<c10::OperatorHandle>>
       cache;
   const auto& schema = op.schema();

@@ -4,6 +4,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/Storage.h>
 #include <c10/util/intrusive_ptr.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -162,6 +163,18 @@ class PackCache {
     inference_refusals_.store(0, std::memory_order_relaxed);
   }
 
+  // In a forked child: this cache, or a new empty one with the same limit if
+  // a thread the child does not have held the lock (maybe mid-update).
+  PackCache* in_child() {
+    if (mutex_.try_lock()) {
+      mutex_.unlock();
+      return this;
+    }
+    auto* fresh = new PackCache();
+    fresh->limit_ = limit_;
+    return fresh;
+  }
+
   void set_limit(int64_t bytes) {
     TORCH_CHECK_VALUE(bytes >= 0, "pack cache limit must be >= 0, got ", bytes);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -286,10 +299,22 @@ class PackCache {
   std::atomic<int64_t> inference_refusals_{0};  // counted without the lock
 };
 
-PackCache& cache() {
-  static auto* instance = new PackCache();  // outlives every tensor
-  return *instance;
+// Never destroyed: it outlives every tensor.
+std::atomic<PackCache*> cache_instance{new PackCache()};
+
+PackCache& cache() { return *cache_instance.load(std::memory_order_acquire); }
+
+// fork(): a child never waits for a cache lock inherited held; it starts
+// with an empty cache instead (the inherited one and its packs are left
+// behind). The lock is no ForkHeldMutex (core/ForkSafety.h): packing holds
+// it while it allocates, and an allocation recorded in the memory history
+// takes the GIL for its Python frames, which os.fork() holds while its
+// prepare step would wait for this lock (fork() itself deadlocked).
+void use_whole_cache_in_child() {
+  cache_instance.store(cache().in_child(), std::memory_order_release);
 }
+const bool fork_handler_installed =
+    (pthread_atfork(nullptr, nullptr, use_whole_cache_in_child), true);
 
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/ForkSafety.h"
 #include "flags/BackendFlags.h"
 
 namespace ember::tuning {
@@ -29,14 +30,14 @@ struct Entry {
 };
 
 struct Cache {
-  std::mutex mutex;
+  ForkHeldMutex mutex;       // a leaf: candidates are timed outside it
   std::list<Entry> entries;  // insertion order: front is the oldest
   std::unordered_map<Key, std::list<Entry>::iterator, KeyHash> index;
 };
 
 Cache& cache() {
-  static Cache instance;
-  return instance;
+  static auto* instance = new Cache();  // never destroyed: held across fork()
+  return *instance;
 }
 
 double time_us(const std::function<void()>& run) {
