@@ -123,9 +123,8 @@ std::mutex& output_mutex() {
 }
 
 // fork(): a child must not inherit the output lock held by a thread it does
-// not have (another thread printing a log line). Registered when the library
-// loads, before the runtime's handlers, so its prepare step runs after
-// theirs: allocator lock, then this one, the order log_allocation takes them.
+// not have (another thread printing a log line). A leaf: log lines are
+// written outside the allocator's lock.
 //
 // The prepare step also builds the forking thread's RecordFunction state:
 // PyTorch builds it on a thread's first op under a process-wide mutex, so a
