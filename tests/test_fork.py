@@ -12,7 +12,25 @@ threads' state); a child that does not exit within its timeout counts as
 hung and is killed.
 """
 
+import os
 import textwrap
+
+import pytest
+
+# gcc 12's ASan replaces malloc without taking its allocator's locks around
+# fork() (no fork interceptor in its libasan; glibc's own malloc does lock its
+# arenas), so under `make sanitize` a child can hang inside ASan's malloc when
+# a parent thread was in it at the fork: 3 hung children in ~3,800 forks of
+# the packing test; gdb in two of them found the child's only thread waiting
+# in __sanitizer::SizeClassAllocator64::GetFromAllocator (from a std::vector
+# in ember's matmul argument check, and from a TensorImpl's operator new in
+# PyTorch). Not ember's lock: the known limitation is google/sanitizers#1814.
+# The tests that fork while other threads allocate therefore run in the plain
+# build only.
+asan_forks_unsafe = pytest.mark.skipif(
+    os.environ.get("EMBER_SANITIZER") == "address",
+    reason="gcc 12 ASan's allocator is not fork-safe while other threads allocate",
+)
 
 
 # The forks start once every thread has run its ops once: a fork taken while
@@ -140,12 +158,14 @@ FORK_WHILE_PACKING = forking_script(
 )
 
 
+@asan_forks_unsafe
 def test_fork_while_other_threads_allocate_never_hangs(run_python):
     result = run_python(FORK_WHILE_ALLOCATING, env={"OMP_NUM_THREADS": "1"}, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "forks=200 hung=0 failed=0", result.stdout + result.stderr
 
 
+@asan_forks_unsafe
 def test_fork_while_another_thread_packs_weights_never_hangs(run_python):
     result = run_python(FORK_WHILE_PACKING, env={"OMP_NUM_THREADS": "1"}, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -178,6 +198,7 @@ def test_forked_child_sees_parent_tensors_and_its_own_stats(run_python):
     assert result.stdout.split() == ["1", "45.0", "True"]
 
 
+@asan_forks_unsafe
 def test_fork_while_other_threads_print_the_verbose_log_never_hangs(run_python):
     """The verbose log's output lock is not inherited held (another thread was
     printing an allocation when fork() ran)."""
