@@ -553,3 +553,21 @@ def test_compile_graphs_falls_back_to_eager_with_a_warning():
     with torch.inference_mode(), pytest.warns(UserWarning, match="running eagerly"):
         outs = [compiled(x) for _ in range(3)]
     assert all(torch.equal(out.cpu(), fn(x).cpu()) for out in outs)
+
+
+def test_inductor_reduce_overhead_on_ember_warns_that_it_replays_nothing():
+    """Inductor builds CUDA graphs for CUDA only: under mode="reduce-overhead"
+    on ember it compiles without them, and the user is told where ember's
+    graphs are (before, only TORCH_LOGS=cudagraphs said it)."""
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    model = torch.nn.Linear(8, 8).to(DEV)
+    x = torch.randn(2, 8, device=DEV)
+    with (
+        inductor_config.patch(fx_graph_cache=False),
+        pytest.warns(UserWarning, match="backend='ember', mode='reduce-overhead'"),
+    ):
+        out = torch.compile(model, mode="reduce-overhead")(x)
+    torch.testing.assert_close(out.cpu(), model(x).cpu())
+    torch._dynamo.reset()

@@ -170,6 +170,8 @@ class EmberGraphPass(CustomGraphModulePass):
 
         from torch_ember.compile import passes
 
+        if torch._inductor.config.triton.cudagraphs:
+            _warn_cudagraphs_skipped()
         if not gm.meta.get(passes.DONE_META) and not torch.backends.ember.cpu_parity:
             passes.run(gm, passes.Options())
         return gm
@@ -185,6 +187,22 @@ class EmberGraphPass(CustomGraphModulePass):
             get_hash_for_files(tuple(str(f) for f in files)),
             bool(torch.backends.ember.cpu_parity),
         )
+
+
+def _warn_cudagraphs_skipped() -> None:
+    """mode="reduce-overhead" asks Inductor for CUDA graphs, which it builds for
+    CUDA devices only: on ember it skips them (as on CPU) and says so only under
+    TORCH_LOGS=cudagraphs. ember's graphs come through its own backend."""
+    import warnings
+
+    warnings.warn(
+        "torch.compile(mode='reduce-overhead') with Inductor on ember: Inductor's "
+        "CUDA graphs are CUDA-only and are skipped here, so nothing is replayed. "
+        "Use torch.compile(model, backend='ember', mode='reduce-overhead') to replay "
+        "the graph as an ember graph (torch.ember.EmberGraph).",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def _benchmark_on_host(benchmarker, fn, *, warmup, rep, **kwargs):
