@@ -190,16 +190,17 @@ class EmberGraphPass(CustomGraphModulePass):
 
 
 def _warn_cudagraphs_skipped() -> None:
-    """mode="reduce-overhead" asks Inductor for CUDA graphs, which it builds for
-    CUDA devices only: on ember it skips them (as on CPU) and says so only under
-    TORCH_LOGS=cudagraphs. ember's graphs come through its own backend."""
+    """mode="reduce-overhead" and "max-autotune" ask Inductor for CUDA graphs,
+    which it builds for CUDA devices only: on ember it skips them (as on CPU)
+    and says so only under TORCH_LOGS=cudagraphs. ember's graphs come through
+    its own backend."""
     import warnings
 
     warnings.warn(
-        "torch.compile(mode='reduce-overhead') with Inductor on ember: Inductor's "
-        "CUDA graphs are CUDA-only and are skipped here, so nothing is replayed. "
-        "Use torch.compile(model, backend='ember', mode='reduce-overhead') to replay "
-        "the graph as an ember graph (torch.ember.EmberGraph).",
+        "Inductor's CUDA graphs (torch.compile mode='reduce-overhead' or "
+        "'max-autotune') are CUDA-only and are skipped on ember, so nothing is "
+        "replayed. Use torch.compile(model, backend='ember', mode='reduce-overhead') "
+        "to replay the graph as an ember graph (torch.ember.EmberGraph).",
         UserWarning,
         stacklevel=2,
     )
