@@ -482,6 +482,33 @@ def test_copy_of_conjugate_and_negative_views():
     assert torch.equal(on_ember._neg_view().cpu(), -cpu)
 
 
+@pytest.mark.parametrize(
+    "shape", [(1, 256, 14, 14), (2, 17, 5, 7), (3, 33, 9, 1), (2, 5, 1, 1), (1, 130, 11, 13)]
+)
+@pytest.mark.parametrize("to_channels_last", [True, False])
+def test_copy_between_nchw_and_channels_last_is_exact(shape, to_channels_last):
+    """ember re-lays fp32 images between the two layouts with its own
+    transposes (any odd size, partial tiles, sizes where both layouts
+    coincide); the bits and CPU's strides come out, also from an ember
+    tensor of the other device and from the host, and under cpu_parity."""
+    x = torch.randn(shape)
+    x.view(-1)[:3] = torch.tensor([float("nan"), -0.0, float("inf")])
+    src_format, dst_format = torch.contiguous_format, torch.channels_last
+    if not to_channels_last:
+        src_format, dst_format = dst_format, src_format
+    source = x.contiguous(memory_format=src_format)
+    expected = source.contiguous(memory_format=dst_format)
+    on_ember = source.to("ember")
+    for parity in (False, True):
+        with torch.backends.ember.flags(cpu_parity=parity):
+            out = on_ember.contiguous(memory_format=dst_format)
+            assert out.stride() == expected.stride()
+            assert torch.equal(out.cpu().view(torch.int32), expected.view(torch.int32))
+            into = torch.empty_like(expected, device="ember")
+            into.copy_(source)  # from the host
+            assert torch.equal(into.cpu().view(torch.int32), expected.view(torch.int32))
+
+
 def test_non_blocking_copy():
     cpu = torch.arange(1000, dtype=torch.int64)
     on_ember = cpu.to("ember", non_blocking=True)
