@@ -32,6 +32,14 @@ bool only_channels_last(const at::Tensor& t) {
   return t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous();
 }
 
+// Whether two dense tensors share bytes. Compared by address: CPU aliases
+// of the same ember memory have distinct storages.
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  const auto* a0 = static_cast<const char*>(a.const_data_ptr());
+  const auto* b0 = static_cast<const char*>(b.const_data_ptr());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 // dst.copy_(src) on host tensors; an fp32 NCHW <-> channels-last copy of
 // the same sizes runs ember's 16 x 16 register transposes.
 void host_copy(at::Tensor& dst, const at::Tensor& src) {
@@ -41,7 +49,7 @@ void host_copy(at::Tensor& dst, const at::Tensor& src) {
                      dst.scalar_type() != at::kFloat ||
                      src.sizes() != dst.sizes() || src.is_conj() ||
                      src.is_neg() || dst.is_conj() || dst.is_neg();
-  if (!plain) {
+  if (!plain && !overlaps(src, dst)) {
     const int64_t n = src.size(0), c = src.size(1),
                   hw = src.size(2) * src.size(3);
     if (only_channels_last(src) && only_nchw(dst)) {
