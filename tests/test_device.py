@@ -509,6 +509,36 @@ def test_copy_between_nchw_and_channels_last_is_exact(shape, to_channels_last):
             assert torch.equal(into.cpu().view(torch.int32), expected.view(torch.int32))
 
 
+@pytest.mark.parametrize("parity", [False, True])
+@pytest.mark.parametrize(
+    "make_pair",
+    [
+        # shifted by one element (a classic memmove)
+        lambda t: (t.view(-1)[1:], t.view(-1)[:-1]),
+        # the same bytes in another layout
+        lambda t: (t, t.as_strided(t.shape, (16, 1, 8, 4))),
+    ],
+    ids=["shifted", "relaid"],
+)
+def test_copy_refuses_a_partially_overlapping_source_as_cpu_does(make_pair, parity):
+    """A within-device copy whose source shares some bytes with its
+    destination raises CPU's RuntimeError and leaves the data untouched
+    (ember's kernels run on CPU aliases, which cannot see the overlap)."""
+    cpu = torch.arange(16.0).reshape(1, 4, 2, 2)
+    dst_cpu, src_cpu = make_pair(cpu)
+    with pytest.raises(RuntimeError) as cpu_error:
+        dst_cpu.copy_(src_cpu)
+    on_ember = cpu.to("ember")
+    dst, src = make_pair(on_ember)
+    with torch.backends.ember.flags(cpu_parity=parity), pytest.raises(RuntimeError) as ember_error:
+        dst.copy_(src)
+    assert str(ember_error.value) == str(cpu_error.value)
+    assert torch.equal(on_ember.cpu(), torch.arange(16.0).reshape(1, 4, 2, 2))
+    # A full overlap (the same view) is a no-op on both.
+    on_ember.copy_(on_ember.view(1, 4, 2, 2))
+    assert torch.equal(on_ember.cpu(), cpu)
+
+
 def test_non_blocking_copy():
     cpu = torch.arange(1000, dtype=torch.int64)
     on_ember = cpu.to("ember", non_blocking=True)

@@ -3,6 +3,7 @@
 // work on aliases: any strides, dtype conversion and offset it supports.
 // Between NCHW and channels-last fp32 images ember's layout transpose does
 // it instead (the same bytes, 4-15x faster than CPU's strided copy).
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_local_scalar_dense.h>
 
 #include <string>
@@ -76,6 +77,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   if (non_blocking && enqueue_pinned_upload(self, dst)) return dst;
   const c10::DeviceIndex device =
       dst.is_privateuseone() ? dst.device().index() : self.device().index();
+  // CPU's copy_ refuses a source that partially overlaps its destination
+  // (TensorIterator's check). The kernels below run on CPU aliases, whose
+  // storages are distinct, so the check is made here on the ember tensors.
+  if (self.is_privateuseone() && dst.is_privateuseone() &&
+      self.device() == dst.device()) {
+    at::assert_no_partial_overlap(dst, self);
+  }
   // Within one device: launched on the stream, like any other op (copy_
   // has made its checks; distinct storages cannot partially overlap).
   if (launch_async() && self.is_privateuseone() && dst.is_privateuseone() &&
