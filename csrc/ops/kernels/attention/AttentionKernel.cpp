@@ -23,15 +23,18 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * cols;
     const int64_t i = row0 + r;
-    if (p.mask.data != nullptr) {
-      const float* m = p.mask.data + b * p.mask.batch_stride +
-                       h * p.mask.head_stride + i * p.mask.row_stride;
-      for (int64_t j = 0; j < cols; ++j) row[j] += m[j];
-    }
     const int64_t visible = p.causal ? std::min(cols, i + 1) : cols;
     std::fill(row + visible, row + cols,
               -std::numeric_limits<float>::infinity());
-    const float max = max_f32(row, cols);
+    // The mask is added to the visible keys (the others are -inf either
+    // way) in the pass that finds the row's largest value.
+    const float max =
+        p.mask.data == nullptr
+            ? max_f32(row, visible)
+            : add_max_f32(row,
+                          p.mask.data + b * p.mask.batch_stride +
+                              h * p.mask.head_stride + i * p.mask.row_stride,
+                          visible);
     float* lse = p.logsumexp + b * p.lse_batch_stride + h * p.lse_head_stride +
                  i * p.lse_row_stride;
     if (std::isnan(max)) {
@@ -56,7 +59,7 @@ void normalise_rows(float* out, int64_t row_stride, int64_t rows, int64_t width,
                     const float* inverse_sums) {
   for (int64_t r = 0; r < rows; ++r) {
     float* o = out + r * row_stride;
-    for (int64_t d = 0; d < width; ++d) o[d] *= inverse_sums[r];
+    scale_f32(o, inverse_sums[r], o, width);
   }
 }
 
@@ -177,9 +180,8 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
     const int64_t cols = visible_cols(p, row0, rows);
     // The scale goes on Q (rows x head_dim) rather than on the scores.
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = q + (row0 + r) * p.q.row_stride;
-      float* dst = scaled_q.data() + r * p.head_dim;
-      for (int64_t d = 0; d < p.head_dim; ++d) dst[d] = src[d] * p.scale;
+      scale_f32(q + (row0 + r) * p.q.row_stride, p.scale,
+                scaled_q.data() + r * p.head_dim, p.head_dim);
     }
     float* s = scratch.scores.data();
     matmul::skinny_gemm_f32(scaled_q.data(), p.head_dim, rows,

@@ -114,6 +114,36 @@ __attribute__((target("avx512f"))) float max_f32(const float* row, int64_t n) {
   return nan ? NAN : _mm512_reduce_max_ps(best);
 }
 
+__attribute__((target("avx512f"))) float add_max_f32(float* row,
+                                                     const float* addend,
+                                                     int64_t n) {
+  __m512 best = _mm512_set1_ps(-INFINITY);
+  __mmask16 nan = 0;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16
+                            ? static_cast<__mmask16>(0xffff)
+                            : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, row + i),
+                                   _mm512_maskz_loadu_ps(m, addend + i));
+    _mm512_mask_storeu_ps(row + i, m, v);
+    nan |= _mm512_mask_cmp_ps_mask(m, v, v, _CMP_UNORD_Q);
+    best = _mm512_mask_max_ps(best, m, best, v);
+  }
+  return nan ? NAN : _mm512_reduce_max_ps(best);
+}
+
+__attribute__((target("avx512f"))) void scale_f32(const float* in, float factor,
+                                                  float* out, int64_t n) {
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16
+                            ? static_cast<__mmask16>(0xffff)
+                            : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(out + i, m,
+                          _mm512_mul_ps(_mm512_maskz_loadu_ps(m, in + i), f));
+  }
+}
+
 __attribute__((target("avx512f"))) float exp_shifted_sum_f32(float* row,
                                                              int64_t n,
                                                              float shift) {

@@ -18,8 +18,13 @@ void tanh_f32(const float* in, float* out, int64_t n);
 // Softmax pieces over one row of n floats (n >= 1):
 // the largest value (-inf for an all -inf row; NaN if any is NaN),
 float max_f32(const float* row, int64_t n);
+// the same after row[i] += addend[i] (an additive mask) in the same pass,
+float add_max_f32(float* row, const float* addend, int64_t n);
 // row[i] = exp(row[i] - shift) in place; returns the sum of the results.
 float exp_shifted_sum_f32(float* row, int64_t n, float shift);
+
+// out[i] = in[i] * factor for i < n; `in` and `out` may be the same array.
+void scale_f32(const float* in, float factor, float* out, int64_t n);
 
 // Level-1 pieces for one-row attention (decode):
 // sum of a[i] * b[i] for i < n,
