@@ -1,0 +1,22 @@
+// out = in * scale[c] + shift[c] per channel c over fp32 images: batch
+// norm's inference transform (scale and shift folded from the running
+// statistics, the weight and the bias). One pass over the data, AVX-512;
+// plain C++, no torch types.
+#pragma once
+
+#include <cstdint>
+
+namespace ember::kernels {
+
+// Planes: [outer][channels][inner] (NCHW and other contiguous layouts).
+// `in` and `out` may be the same array.
+void channel_affine_planes_f32(const float* in, float* out, int64_t outer,
+                               int64_t channels, int64_t inner,
+                               const float* scale, const float* shift);
+
+// Rows: [rows][channels] (channels-last images).
+void channel_affine_rows_f32(const float* in, float* out, int64_t rows,
+                             int64_t channels, const float* scale,
+                             const float* shift);
+
+}  // namespace ember::kernels
