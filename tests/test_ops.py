@@ -220,6 +220,24 @@ def test_inplace_on_a_view_reaches_the_base():
     same(e, x)
 
 
+def test_inplace_op_refuses_to_broadcast_its_own_argument_as_cpu_does():
+    """addr_ on a 0-dim tensor: CPU's kernel refuses it (it tells the
+    in-place call from out= by argument identity, which ember's boxed
+    delegation would lose) instead of resizing the tensor in place."""
+    vec1, vec2 = make((5,), torch.float32), make((10,), torch.float32)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.tensor(1.0).addr_(vec1, vec2)
+    scalar = torch.tensor(1.0, device="ember")
+    with pytest.raises(RuntimeError) as ember_error:
+        scalar.addr_(vec1.to("ember"), vec2.to("ember"))
+    assert str(ember_error.value) == str(cpu_error.value)
+    assert scalar.shape == () and scalar.item() == 1.0
+    matrix = torch.ones(5, 10)
+    on_ember = matrix.to("ember")
+    assert on_ember.addr_(vec1.to("ember"), vec2.to("ember"), beta=2) is on_ember
+    same(on_ember, matrix.addr_(vec1, vec2, beta=2))
+
+
 def test_out_argument_is_resized_in_place_without_copy():
     x = make((8, 16), torch.float32)
     e = x.to("ember")

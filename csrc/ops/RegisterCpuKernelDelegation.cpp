@@ -37,12 +37,16 @@ bool keep_composite(const std::string& name) {
 
 // Composites that cannot run on a PrivateUse1 tensor: they route it to a
 // *_overrideable stub, call a DispatchStub with the tensor's device type,
-// or check the device type outright. Delegating the whole composite runs
-// CPU's path on aliases instead.
-bool composite_calls_overrideable(const std::string& name) {
+// or check the device type outright; or the kernel they call tells
+// arguments apart by C++ object address, which a boxed call loses (addr_
+// passes `self` as both input and out=, and CPU's addr refuses a
+// broadcast `self` only when the two are one object). Delegating the whole
+// composite runs CPU's path on aliases instead.
+bool delegate_whole_composite(const std::string& name) {
   return name == "convolution" || name == "convolution_backward" ||
          name == "_convolution" || name == "_convolution.deprecated" ||
-         name == "conj_physical_" || name == "mode" || name == "mode.values";
+         name == "conj_physical_" || name == "mode" || name == "mode.values" ||
+         name == "addr_";
 }
 
 }  // namespace
@@ -65,7 +69,7 @@ int register_cpu_kernel_delegation() {
     const std::string schema_name =
         name.overload_name.empty() ? base : base + "." + name.overload_name;
     if (!resolves_to_composite(*op) &&
-        !(composite_calls_overrideable(schema_name) &&
+        !(delegate_whole_composite(schema_name) &&
           !op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))) {
       continue;
     }
