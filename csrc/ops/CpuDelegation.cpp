@@ -201,17 +201,17 @@ void cpu_delegation_fallback(const c10::OperatorHandle& op,
       device, plan.name,
       [&] {
         CpuAllocationCapture capture(device);
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+        op.redispatchBoxed(delegation.cpu_keys(), stack);
       },
       [&] {
         // The CPU results, before they become ember tensors: they share
         // the memory the replayed kernel's fresh results are copied into.
-        return [op, arguments = std::move(replay_arguments),
+        return [op, keys = delegation.cpu_keys(),
+                arguments = std::move(replay_arguments),
                 captured = std::vector<c10::IValue>(stack->begin() + first,
                                                     stack->end())] {
           torch::jit::Stack replay = arguments;
-          op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                             &replay);
+          op.redispatchBoxed(keys, &replay);
           for (size_t i = 0; i < captured.size() && i < replay.size(); ++i) {
             capture::store_result(captured[i], replay[i]);
           }

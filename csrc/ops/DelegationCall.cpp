@@ -4,6 +4,7 @@
 
 #include "core/RuntimeErrors.h"
 #include "ops/DeviceScope.h"
+#include "ops/SparseBridge.h"
 
 namespace ember {
 
@@ -34,6 +35,14 @@ at::Tensor DelegationCall::alias_for(const at::Tensor& tensor) {
       return swap.alias;
     }
   }
+  if (is_sparse_layout(tensor)) {
+    cpu_keys_ = cpu_keys_.add(tensor.layout() == at::kSparse
+                                  ? c10::DispatchKey::SparseCPU
+                                  : c10::DispatchKey::SparseCsrCPU);
+    return sparse_to_cpu(tensor, [this](const at::Tensor& component) {
+      return scope_.alias(component);
+    });
+  }
   return scope_.alias(tensor);
 }
 
@@ -45,6 +54,12 @@ at::Tensor DelegationCall::swap_in(const at::Tensor& tensor,
   if (device.type() == c10::DeviceType::PrivateUse1) {
     note_device(device);
     at::Tensor alias = alias_for(tensor);
+    // A few CPU kernels compute extra results only for inputs that require
+    // grad (sparse.mm's reduce keeps its argmax for backward): the alias
+    // says what the tensor says.
+    if (tensor.requires_grad() && !alias.requires_grad()) [[unlikely]] {
+      alias.set_requires_grad(true);
+    }
     swapped_.push_back({alias, borrowed, std::move(owned), written});
     return alias;
   }
@@ -81,6 +96,11 @@ at::Tensor DelegationCall::from_cpu(const at::Tensor& result) {
       return swap.original();  // in-place / out= ops return their argument
     }
   }
+  if (is_sparse_layout(result)) {
+    return sparse_from_cpu(result, [this](const at::Tensor& component) {
+      return adopt_cpu_result(component, scope_, op_name_);
+    });
+  }
   return adopt_cpu_result(result, scope_, op_name_);
 }
 
@@ -89,6 +109,13 @@ void DelegationCall::write_back() {
   for (const Swap& swap : swapped_) {
     if (!swap.written) continue;
     const at::Tensor& original_tensor = swap.original();
+    if (is_sparse_layout(original_tensor)) {
+      sparse_write_back(original_tensor, swap.alias,
+                        [this](const at::Tensor& component) {
+                          return adopt_cpu_result(component, scope_, op_name_);
+                        });
+      continue;
+    }
     c10::TensorImpl* original = original_tensor.unsafeGetTensorImpl();
     const at::Tensor& alias = swap.alias;
     const c10::Storage* ember = scope_.ember_storage_of(alias.storage());

@@ -57,6 +57,10 @@ class DelegationCall final {
 
   std::string_view op_name() const { return op_name_; }
 
+  // The CPU dispatch keys the kernel runs under: CPU, plus the sparse
+  // keys when a sparse argument was swapped in (ops/SparseBridge.h).
+  c10::DispatchKeySet cpu_keys() const { return cpu_keys_; }
+
  private:
   struct Swap {
     at::Tensor alias;
@@ -76,6 +80,7 @@ class DelegationCall final {
   std::optional<c10::Device> foreign_;
   AliasScope scope_;
   c10::SmallVector<Swap, 4> swapped_;
+  c10::DispatchKeySet cpu_keys_{c10::DispatchKey::CPU};
 };
 
 }  // namespace ember

@@ -49,10 +49,44 @@ bool delegate_whole_composite(const std::string& name) {
          name == "addr_";
 }
 
+// Ops with a kernel for CPU's sparse layouts also have a device-generic
+// composite, and a dispatcher without a sparse ember kernel picks it over
+// the sparse fallback (it raises for most: is_coalesced, _indices, ...).
+// Each is pointed at the delegation for ember's sparse key, which runs CPU's
+// sparse kernel (ops/SparseBridge.h). _to_copy keeps its composite: it moves
+// the components between devices.
+int register_sparse_delegation(c10::DispatchKey cpu_key,
+                               c10::DispatchKey ember_key,
+                               std::unique_ptr<torch::Library>& library) {
+  library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                             ember_key, __FILE__, __LINE__);
+  int registered = 0;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    const std::string base = name.name.substr(6);
+    if (base.rfind("_to_copy", 0) == 0) continue;
+    const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op.has_value() || !op->hasKernelForDispatchKey(cpu_key) ||
+        op->hasKernelForDispatchKey(ember_key)) {
+      continue;
+    }
+    const std::string schema_name =
+        name.overload_name.empty() ? base : base + "." + name.overload_name;
+    library->impl(
+        schema_name.c_str(),
+        torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
+    ++registered;
+  }
+  return registered;
+}
+
 }  // namespace
 
 int register_cpu_kernel_delegation() {
   static std::unique_ptr<torch::Library> library;
+  static std::unique_ptr<torch::Library> sparse_library;
+  static std::unique_ptr<torch::Library> compressed_library;
   static int registered = -1;
   if (registered >= 0) return registered;
   library = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
@@ -78,6 +112,12 @@ int register_cpu_kernel_delegation() {
         torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
     ++registered;
   }
+  registered += register_sparse_delegation(c10::DispatchKey::SparseCPU,
+                                           c10::DispatchKey::SparsePrivateUse1,
+                                           sparse_library);
+  registered += register_sparse_delegation(
+      c10::DispatchKey::SparseCsrCPU, c10::DispatchKey::SparseCsrPrivateUse1,
+      compressed_library);
   return registered;
 }
 

@@ -65,6 +65,16 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(
       torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
 }
+// Sparse ember tensors: CPU's sparse kernels on sparse tensors over aliases
+// of their components (ops/SparseBridge.h).
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(
+      torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(
+      torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
+}
 
 }  // namespace ember
 

@@ -335,7 +335,8 @@ def _factory_args(fn, cpu_args, device):
 def _out_template(expected, mode):
     def make(t):
         if mode == "resize":
-            return t.new_empty(0)
+            # Sparse compressed tensors have at least two dimensions.
+            return t.new_empty(0 if t.layout == torch.strided else (0,) * t.dim())
         return torch.zeros_like(t)
 
     if isinstance(expected, torch.Tensor):
