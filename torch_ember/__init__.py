@@ -114,6 +114,11 @@ from torch_ember import compile as _compile
 
 _compile.register(lazy=True)
 
+# Defaults PyTorch keys by device type: ember takes CPU's (torch_ember/cpu_defaults.py).
+from torch_ember import cpu_defaults as _cpu_defaults
+
+_cpu_defaults.register()
+
 # torch.distributed: the "ember" c10d backend (gloo on zero-copy CPU aliases).
 from torch_ember import distributed as _distributed
 
