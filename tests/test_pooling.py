@@ -20,6 +20,9 @@ CASES = [
     ((1, 4, 15, 15), 3, 1, 1, 2, False),
     ((3, 7, 8), 2, None, 0, 1, False),  # 3-D input, default stride
     ((1, 2, 33, 5), 5, 3, 2, 1, True),
+    ((1, 3, 20, 150), 3, 1, 1, 1, False),  # loaded taps, 3 blocks of 64 columns
+    ((1, 2, 12, 141), 3, 2, 1, 1, True),  # loaded stride-2 taps past 64 columns
+    ((1, 2, 12, 70), (2, 9), 1, (1, 4), 1, False),  # a window too wide to load: gathers
 ]
 
 

@@ -2,8 +2,9 @@
 // first maximum's index wins, NaN propagates, the index of an all -inf
 // window is its first in-bounds position), so values and indices equal
 // CPU's bit for bit. CPU's NCHW kernel is scalar (~27 cycles an output on
-// ResNet's 3x3/2 stem pool); this one takes 16 output columns per step with
-// AVX-512 gathers.
+// ResNet's 3x3/2 stem pool); this one takes 16 output columns per step,
+// their window taps read with masked loads (column stride 1 or 2, no
+// dilation) or AVX-512 gathers (any other geometry).
 #pragma once
 
 #include <cstdint>
