@@ -18,6 +18,10 @@ first waits for the work queued on ember (asynchronous execution), so the
 bytes it reads are final when it is issued.
 """
 
+import atexit
+import gc
+import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -30,11 +34,48 @@ from torch_ember import _C
 BACKEND_NAME = "ember"
 
 
+# Aliases handed to gloo, weakly: one is alive while a gloo Work (or a gloo
+# worker thread finishing one) still holds it. A worker that drops the last
+# reference to a Work releases Python tensors, which takes the GIL; if that
+# happens after the interpreter began finalising, the process aborts
+# ("terminate called without an active exception"). Shutdown and exit wait
+# briefly for the workers to let go.
+_handed_to_gloo: list[weakref.ref] = []
+_prune_at = 256
+_RELEASE_WAIT_S = 0.2
+
+
+def _held_by_gloo() -> int:
+    """How many aliases gloo still holds (and forgets the released ones)."""
+    _handed_to_gloo[:] = [ref for ref in _handed_to_gloo if ref() is not None]
+    return len(_handed_to_gloo)
+
+
 def _alias(tensor: torch.Tensor) -> torch.Tensor:
     """A CPU tensor over the bytes of ``tensor`` (ember), or ``tensor`` itself."""
     if tensor.device.type == "ember":
-        return _C.cpu_alias(tensor)
+        global _prune_at
+        alias = _C.cpu_alias(tensor)
+        if len(_handed_to_gloo) >= _prune_at:
+            _prune_at = 2 * _held_by_gloo() + 256
+        _handed_to_gloo.append(weakref.ref(alias))
+        return alias
     return tensor
+
+
+def _wait_for_gloo_release(timeout_s: float = _RELEASE_WAIT_S) -> None:
+    """Sleeps (GIL released) until gloo holds none of ember's aliases, at most
+    ``timeout_s``: a user may keep a Work, and with it its aliases, to the end."""
+    deadline = time.monotonic() + timeout_s
+    while _held_by_gloo() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    if _held_by_gloo():
+        gc.collect()  # Works in reference cycles: released here, with the GIL
+        _wait_for_gloo_release()
 
 
 def _aliases(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -123,6 +164,15 @@ class ProcessGroupEmber(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # destroy_process_group(): gloo's workers let go of ember's aliases
+    # before it returns (see _handed_to_gloo).
+    def shutdown(self) -> None:
+        self._gloo.shutdown()
+        _wait_for_gloo_release()
+
+    def abort(self) -> None:
+        self._gloo.abort()
 
     def _get_backend_name(self) -> str:
         return BACKEND_NAME
