@@ -310,7 +310,16 @@ def test_report_memory_bandwidth_and_decode_streaming(results):
     ref = decode.get(harness.REFERENCE)
     assert ref.weights_bytes_per_s == pytest.approx(decode.param_bytes / ref.median_s)
     assert ref.frac_mem_bw == pytest.approx(ref.weights_bytes_per_s / 40e9)
-    assert all(s.weights_bytes_per_s is None for r in results if r is not decode for s in r.systems)
+    streaming = [r.name for r in results if harness.streams_weights(r)]
+    assert streaming == ["gpt2-decode", "gpt2-decode-bf16"]
+    bf16 = next(r for r in results if r.name == "gpt2-decode-bf16")
+    assert bf16.param_bytes * 2 == decode.param_bytes  # the same model in bf16
+    assert all(
+        s.weights_bytes_per_s is None
+        for r in results
+        if not harness.streams_weights(r)
+        for s in r.systems
+    )
     section = report.peak_section(p, 2, results)
     assert "memory read bandwidth, 2 thread(s)" in section and "40.0 GB/s" in section
     assert "ridge point" in section

@@ -334,3 +334,71 @@ def test_medium_precision_many_rows_uses_a_bf16_pack(capfd):
     torch.set_float32_matmul_precision("highest")
     fp32 = [lin(x) for _ in range(2)][-1]
     _check_fp32(fp32, x.cpu(), lin.weight.detach().cpu().t(), lin.bias.detach().cpu())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    "k,n,m",
+    [(200, 70, 64), (33, 130, 17), (768, 768, 300), (33, 130, 1), (768, 2304, 16), (7, 5, 3)],
+)
+def test_bf16_operands_take_a_bf16_pack(k, n, m, bias, capfd):
+    """bf16 operands run on a bf16 pack of the weight: up to 16 rows ember's
+    skinny kernel on bf16 panels, more rows oneDNN's bf16 matmul (CPU's bf16
+    GEMM re-lays B on every call). fp32 accumulation, one rounding to bf16,
+    like CPU's; a write to the weight drops the pack."""
+    if not be.capabilities()["avx512_bf16"]:
+        pytest.skip("the bf16 route needs AVX512_BF16")
+    torch.manual_seed(k + n)
+    lin = torch.nn.Linear(k, n, bias=bias).to(DEVICE, torch.bfloat16)
+    x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+
+    def check(out):
+        w = lin.weight.detach().cpu()
+        cpu = torch.nn.functional.linear(x.cpu(), w, lin.bias.detach().cpu() if bias else None)
+        ref = x.cpu().double() @ w.double().t()
+        if bias:
+            ref = ref + lin.bias.detach().cpu().double()
+        assert out.dtype == torch.bfloat16
+        # fp32 accumulation, then one rounding to bf16 (CPU's result too)
+        accumulation = k * EPS32 * (x.cpu().double().abs() @ w.double().abs().t())
+        bound = BF16_EPS * ref.abs() + accumulation + 1e-30
+        assert ((out.cpu().double() - ref).abs() <= bound).all()
+        assert ((cpu.double() - ref).abs() <= bound).all()  # the same bound holds for CPU
+
+    with be.verbose(1):
+        for _ in range(2):
+            out = lin(x)
+    assert ("skinny/bf16-packed" if m <= 16 else "onednn/bf16-packed") in capfd.readouterr().err
+    assert _packs()["bytes"] >= k * n * 2
+    check(out)
+    with torch.no_grad():
+        lin.weight.mul_(-0.5)
+    check(lin(x))
+    assert _packs()["invalidations"] >= 1
+    with be.flags(cpu_parity=True):
+        parity = lin(x)
+    w = lin.weight.detach().cpu()
+    cpu = torch.nn.functional.linear(x.cpu(), w, lin.bias.detach().cpu() if bias else None)
+    assert torch.equal(parity.cpu(), cpu)
+
+
+@pytest.mark.parametrize("m", [1, 40])
+def test_bf16_row_major_weight_and_out_variant(m):
+    """A Conv1D-style bf16 weight (K x N, row-major) through addmm and
+    addmm(out=): the same packed routes, CPU's result to one bf16 rounding."""
+    if not be.capabilities()["avx512_bf16"]:
+        pytest.skip("the bf16 route needs AVX512_BF16")
+    torch.manual_seed(m)
+    k, n = 96, 72
+    w = torch.randn(k, n, dtype=torch.bfloat16)
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    x = torch.randn(m, k, dtype=torch.bfloat16)
+    we, biase, xe = w.to(DEVICE), bias.to(DEVICE), x.to(DEVICE)
+    cpu = torch.addmm(bias, x, w)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=DEVICE)
+    for _ in range(3):
+        result = torch.addmm(biase, xe, we)
+        torch.addmm(biase, xe, we, out=out)
+    assert _packs()["entries"] == 1 and _packs()["hits"] >= 2
+    for got in (result, out):
+        torch.testing.assert_close(got.cpu(), cpu, rtol=2**-8, atol=1e-2)

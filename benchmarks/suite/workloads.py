@@ -223,7 +223,7 @@ class GPT2Step(torch.nn.Module):
         return (out.logits[:, -1],) + _flat(out.past_key_values)
 
 
-def _gpt2(tiny: bool):
+def _gpt2(tiny: bool, dtype: torch.dtype = torch.float32):
     global _CAT_LAYER
     tr = _quiet_transformers()
     if _CAT_LAYER is None:
@@ -234,7 +234,7 @@ def _gpt2(tiny: bool):
     else:
         cfg, prompt, steps = tr.GPT2Config(), 128, 32  # gpt2 (small, 124M)
     torch.manual_seed(0)
-    model = tr.GPT2LMHeadModel(cfg).eval()
+    model = tr.GPT2LMHeadModel(cfg).eval().to(dtype)
     ids = torch.randint(0, cfg.vocab_size, (1, prompt), generator=_gen(1))
     return model, ids, steps
 
@@ -286,18 +286,22 @@ def _compare_greedy(ref: tuple, out: tuple, rtol: float) -> tuple[float, float, 
     return diff, rel, note
 
 
-def gpt2_decode(tiny: bool = False) -> Workload:
-    model, ids, steps = _gpt2(tiny)
+def gpt2_decode(tiny: bool = False, dtype: torch.dtype = torch.float32) -> Workload:
+    model, ids, steps = _gpt2(tiny, dtype)
+    bf16 = dtype == torch.bfloat16
     with torch.inference_mode():
         first = GPT2Prefill(model)(ids)
     token = first[0].argmax(-1, keepdim=True)
     kv = tuple(t.clone() for t in first[1:])
     past = torch.export.Dim("past", min=1, max=model.config.n_positions - 1)
     return Workload(
-        name="gpt2-decode",
-        title=f"GPT-2 small greedy decode, {steps} steps after a {ids.shape[1]}-token prefill",
+        name="gpt2-decode-bf16" if bf16 else "gpt2-decode",
+        title=f"GPT-2 small greedy decode{', bf16 weights' if bf16 else ''}, {steps} steps"
+        f" after a {ids.shape[1]}-token prefill",
         module=GPT2Step(model).eval(),
         inputs=(token, *kv),
+        dtype=dtype,
+        rtol=2e-2 if bf16 else 1e-3,
         driver=_greedy(steps),
         per_run=steps,
         unit="token",
@@ -396,6 +400,7 @@ WORKLOADS: dict[str, Callable[[bool], Workload]] = {
     "bert-b8": lambda tiny=False: bert(8, tiny),
     "gpt2-prefill": gpt2_prefill,
     "gpt2-decode": gpt2_decode,
+    "gpt2-decode-bf16": lambda tiny=False: gpt2_decode(tiny, torch.bfloat16),
     "vit-b1": vit,
     "resnet50-b1": resnet,
 }

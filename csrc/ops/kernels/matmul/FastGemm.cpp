@@ -8,6 +8,7 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/relu.h>
 
+#include "ember/runtime/cpu_features.h"
 #include "flags/BackendFlags.h"
 #include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
@@ -23,14 +24,23 @@ namespace {
 
 using flags::Fp32Precision;
 
-bool is_ember_float(const at::Tensor& t, c10::Device device) {
-  return t.device() == device && t.scalar_type() == at::kFloat;
+bool is_ember(const at::Tensor& t, c10::Device device, at::ScalarType dtype) {
+  return t.device() == device && t.scalar_type() == dtype;
 }
 
-// A bias the kernels add per column: N contiguous floats ([N] or [1, N]).
+// bf16 operands run oneDNN's bf16 matmul where the CPU has AVX512_BF16 (as
+// CPU's own bf16 GEMMs do on such CPUs); elsewhere CPU's kernel.
+bool native_bf16_supported() {
+  static const bool supported =
+      runtime::cpu_features().avx512_bf16 && skinny_bf16_supported();
+  return supported;
+}
+
+// A bias the kernels add per column: N contiguous elements of the operands'
+// dtype ([N] or [1, N]).
 std::optional<at::Tensor> row_bias(const at::Tensor& self, int64_t n,
-                                   c10::Device device) {
-  if (!is_ember_float(self, device) || self.dim() == 0 || self.size(-1) != n ||
+                                   c10::Device device, at::ScalarType dtype) {
+  if (!is_ember(self, device, dtype) || self.dim() == 0 || self.size(-1) != n ||
       self.stride(-1) != 1 || self.numel() != n || self.dim() > 2) {
     return std::nullopt;
   }
@@ -76,7 +86,7 @@ at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
 struct Plan {
   std::optional<at::Tensor> bias;
   std::shared_ptr<const PackedWeight> packed;
-  bool bf16 = false;
+  bool bf16 = false;  // fp32 operands computed in bf16 ("medium")
   // Set when a graph captures the call: a replay that finds the weight
   // written since (an optimizer step between replays) computes from the
   // weight's memory instead of the pack taken at capture.
@@ -120,8 +130,10 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     return std::nullopt;
   }
   const c10::Device device = a.device();
+  const at::ScalarType dtype = a.scalar_type();
   if (device.type() != c10::DeviceType::PrivateUse1 ||
-      !is_ember_float(a, device) || !is_ember_float(b, device) ||
+      (dtype != at::kFloat && dtype != at::kBFloat16) ||
+      !is_ember(a, device, dtype) || !is_ember(b, device, dtype) ||
       a.dim() != 2 || b.dim() != 2 || a.size(1) != b.size(0) ||
       a.stride(1) != 1 || a.size(0) == 0 || b.numel() == 0 ||
       alpha.toDouble() != 1.0) {
@@ -129,11 +141,19 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
   }
   Plan plan;
   if (self.defined() && beta.toDouble() != 0.0) {
-    plan.bias = row_bias(self, b.size(1), device);
+    plan.bias = row_bias(self, b.size(1), device, dtype);
     if (!plan.bias || beta.toDouble() != 1.0) return std::nullopt;
   }
-  const Fp32Precision precision = flags::matmul_fp32_precision();
-  if (a.size(0) <= kSkinnyMaxRows) {
+  if (dtype == at::kBFloat16) {
+    // bf16 operands: the skinny kernel on bf16 panels (CPU's bf16 GEMV
+    // streams ~3x slower), or oneDNN's bf16 matmul on a bf16 pack (CPU's
+    // bf16 GEMM re-lays B on every call).
+    if (!native_bf16_supported()) return std::nullopt;
+    plan.packed =
+        packed_weight(b, a.size(0) <= kSkinnyMaxRows ? PackKind::kPanelsBf16
+                                                     : PackKind::kOneDnnBf16);
+  } else if (a.size(0) <= kSkinnyMaxRows) {
+    const Fp32Precision precision = flags::matmul_fp32_precision();
     plan.bf16 = precision == Fp32Precision::kBf16;
     const bool supported = precision == Fp32Precision::kIeee
                                ? skinny_f32_supported()
@@ -141,9 +161,9 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     if (!supported) return std::nullopt;
     plan.packed = packed_weight(
         b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
-  } else if (precision == Fp32Precision::kIeee) {
+  } else if (flags::matmul_fp32_precision() == Fp32Precision::kIeee) {
     plan.packed = packed_weight(b, PackKind::kOneDnn);
-  } else if (precision == Fp32Precision::kBf16) {
+  } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16) {
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
   if (!plan.packed) return std::nullopt;
@@ -156,6 +176,17 @@ void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
   if (plan.watched.written_since()) [[unlikely]] {
     const_cast<at::Tensor&>(out).copy_(unpacked_linear(
         a, plan.watched.weight_cpu, plan.bias, Epilogue::kNone));
+    return;
+  }
+  if (a.scalar_type() == at::kBFloat16) {
+    const auto bits = [](const at::Tensor& t) {
+      return static_cast<const uint16_t*>(t.const_data_ptr());
+    };
+    skinny_gemm_bf16(bits(a), a.stride(0), a.size(0), plan.packed->bf16(),
+                     plan.bias ? bits(*plan.bias) : nullptr,
+                     static_cast<uint16_t*>(out.mutable_data_ptr()),
+                     out.stride(0));
+    observe::mark_path(observe::ExecutionPath::kNative, "skinny/bf16-packed");
     return;
   }
   const float* bias = plan.bias ? plan.bias->const_data_ptr<float>() : nullptr;
@@ -174,15 +205,17 @@ void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
 at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
                       Epilogue epilogue = Epilogue::kNone) {
   const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
+  // fp32 operands on a bf16 pack: "medium" precision.
+  const bool medium = bf16 && a.scalar_type() == at::kFloat;
   at::Tensor out = unboxed::custom<at::Tensor>(
       "aten::addmm",
-      unboxed::replayable([plan, bf16, epilogue](
+      unboxed::replayable([plan, medium, epilogue](
                               const at::Tensor& ca,
                               const std::optional<at::Tensor>& cbias) {
         if (plan.watched.written_since()) [[unlikely]] {
           return unpacked_linear(ca, plan.watched.weight_cpu, cbias, epilogue);
         }
-        if (!bf16) return onednn_linear(ca, *plan.packed, cbias, epilogue);
+        if (!medium) return onednn_linear(ca, *plan.packed, cbias, epilogue);
         // "medium": bf16 operands, fp32 accumulation; the result comes back
         // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
         // fp32.
@@ -207,10 +240,13 @@ std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
                                                const at::Tensor& b,
                                                Epilogue epilogue) {
   const std::optional<Plan> route = plan(bias, a, b, 1, 1);
-  if (!route || !route->packed->onednn.defined() ||
-      route->packed->kind != PackKind::kOneDnn) {
-    return std::nullopt;
-  }
+  // Epilogues fuse where the operands' dtype is the pack's (not "medium").
+  const bool same_dtype = route && route->packed->onednn.defined() &&
+                          (route->packed->kind == PackKind::kOneDnn) ==
+                              (a.scalar_type() == at::kFloat) &&
+                          (route->packed->kind == PackKind::kOneDnnBf16) ==
+                              (a.scalar_type() == at::kBFloat16);
+  if (!same_dtype) return std::nullopt;
   return run_onednn(*route, a, epilogue);
 }
 
@@ -262,7 +298,7 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   if (!out.defined() || out.dim() != 2 || a.dim() != 2 || b.dim() != 2 ||
       out.size(0) != a.size(0) || out.size(1) != b.size(1) ||
       out.stride(1) != 1 || out.device() != a.device() ||
-      out.scalar_type() != at::kFloat ||
+      out.scalar_type() != a.scalar_type() ||
       out.storage().is_alias_of(a.storage()) ||
       out.storage().is_alias_of(b.storage()) ||
       (self.defined() && out.storage().is_alias_of(self.storage()))) {

@@ -258,14 +258,15 @@ class PackCache {
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
     wait_before_packing(device);  // as in pack_with
-    const float* data = b.const_data_ptr<float>();
     try {
       if (kind == PackKind::kOneDnn || kind == PackKind::kOneDnnBf16) {
-        // oneDNN takes the N x K (Linear) view of B; its blocked copy is
-        // allocated through the CPU allocator, so from this device's pool.
-        at::Tensor weight = at::from_blob(
-            const_cast<float*>(data), {packed->n, packed->k},
-            {b.stride(1), b.stride(0)}, at::TensorOptions().dtype(at::kFloat));
+        // oneDNN takes the N x K (Linear) view of B (fp32, or bf16 for a
+        // bf16 pack of an fp32 or bf16 B); its blocked copy is allocated
+        // through the CPU allocator, so from this device's pool.
+        at::Tensor weight =
+            at::from_blob(const_cast<void*>(b.const_data_ptr()),
+                          {packed->n, packed->k}, {b.stride(1), b.stride(0)},
+                          at::TensorOptions().dtype(b.scalar_type()));
         if (kind == PackKind::kOneDnnBf16) weight = weight.to(at::kBFloat16);
         static const auto reorder =
             c10::Dispatcher::singleton()
@@ -277,10 +278,16 @@ class PackCache {
         packed->panels = device_allocator()->allocate_on(
             device, packed->bytes, c10::DeviceType::PrivateUse1);
         if (kind == PackKind::kPanelsF32) {
-          pack_panels_f32(data, packed->k, packed->n, b.stride(0), b.stride(1),
+          pack_panels_f32(b.const_data_ptr<float>(), packed->k, packed->n,
+                          b.stride(0), b.stride(1),
                           static_cast<float*>(packed->panels.get()));
+        } else if (b.scalar_type() == at::kBFloat16) {
+          pack_panels_bf16(static_cast<const uint16_t*>(b.const_data_ptr()),
+                           packed->k, packed->n, b.stride(0), b.stride(1),
+                           static_cast<uint16_t*>(packed->panels.get()));
         } else {
-          pack_panels_bf16(data, packed->k, packed->n, b.stride(0), b.stride(1),
+          pack_panels_bf16(b.const_data_ptr<float>(), packed->k, packed->n,
+                           b.stride(0), b.stride(1),
                            static_cast<uint16_t*>(packed->panels.get()));
         }
       }

@@ -4,8 +4,9 @@
 // layout its kernel wants and reused on every later call:
 //
 //   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
-//   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 under
-//                             "medium") for its packed matmul
+//   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 for bf16
+//                             operands and under "medium") for its packed
+//                             matmul
 //   kOneDnnConv               oneDNN's blocked convolution weight, one pack
 //                             per call geometry (ops/kernels/Convolution.cpp)
 //
@@ -48,11 +49,11 @@ struct PackedWeight {
   PanelPackedBf16 bf16() const;
 };
 
-// The pack of `b` (a 2-D fp32 ember tensor, K x N) for `kind`, or nullptr
-// when `b` is not worth packing yet: a B seen for the first time (or whose
-// contents changed since last time) is only remembered; the pack is made
-// when the same contents come back. Inference tensors (no version counter)
-// and packs that do not fit the budget are never packed.
+// The pack of `b` (a 2-D fp32 or, for kOneDnnBf16, bf16 ember tensor, K x N)
+// for `kind`, or nullptr when `b` is not worth packing yet: a B seen for the
+// first time (or whose contents changed since last time) is only remembered;
+// the pack is made when the same contents come back. Inference tensors (no
+// version counter) and packs that do not fit the budget are never packed.
 std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
                                                   PackKind kind);
 

@@ -190,8 +190,11 @@ void pack_panels_f32(const float* b, int64_t k, int64_t n, int64_t stride_k,
   });
 }
 
-void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
-                      int64_t stride_n, uint16_t* dst) {
+namespace {
+
+template <class Source, class ToBf16>
+void pack_bf16_panels(const Source* b, int64_t k, int64_t n, int64_t stride_k,
+                      int64_t stride_n, uint16_t* dst, ToBf16 to_bits) {
   const int64_t k2 = even(k);
   at::parallel_for(0, panel_count(n), 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
@@ -199,14 +202,27 @@ void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
       for (int64_t kk = 0; kk < k2; ++kk) {
         for (int64_t j = 0; j < kPanelWidth; ++j) {
           const int64_t col = p * kPanelWidth + j;
-          const float value =
-              col < n && kk < k ? b[kk * stride_k + col * stride_n] : 0.0f;
+          const bool inside = col < n && kk < k;
           // [pair][column][2]: row kk goes to slot kk % 2 of pair kk / 2.
-          panel[(kk / 2) * 2 * kPanelWidth + j * 2 + kk % 2] = to_bf16(value);
+          panel[(kk / 2) * 2 * kPanelWidth + j * 2 + kk % 2] =
+              inside ? to_bits(b[kk * stride_k + col * stride_n]) : 0;
         }
       }
     }
   });
+}
+
+}  // namespace
+
+void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
+                      int64_t stride_n, uint16_t* dst) {
+  pack_bf16_panels(b, k, n, stride_k, stride_n, dst, to_bf16);
+}
+
+void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
+                      int64_t stride_n, uint16_t* dst) {
+  pack_bf16_panels(b, k, n, stride_k, stride_n, dst,
+                   [](uint16_t bits) { return bits; });
 }
 
 bool skinny_f32_supported() {
@@ -242,21 +258,15 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
   });
 }
 
-void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
-                      const PanelPackedBf16& b, const float* bias, float* c,
-                      int64_t ldc) {
+namespace {
+
+// C (fp32) = A @ B + bias, A given as bf16 pairs: rows of k_pairs 32-bit
+// words, the even k in the low half.
+void skinny_gemm_bf16_pairs(const uint32_t* a_pairs, int64_t m,
+                            const PanelPackedBf16& b, const float* bias,
+                            float* c, int64_t ldc) {
   static const KernelTable<Bf16Block, MakeBf16> kernels;
   const int64_t k_pairs = even(b.k) / 2;
-  // A in bf16 pairs, once per call (at most 16 rows).
-  std::vector<uint32_t> a_pairs(static_cast<size_t>(m * k_pairs));
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t kp = 0; kp < k_pairs; ++kp) {
-      const int64_t k0 = 2 * kp;
-      const uint32_t lo = to_bf16(a[i * lda + k0]);
-      const uint32_t hi = k0 + 1 < b.k ? to_bf16(a[i * lda + k0 + 1]) : 0u;
-      a_pairs[i * k_pairs + kp] = lo | (hi << 16);
-    }
-  }
   const int64_t panels = panel_count(b.n);
   const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
   for_panel_groups(
@@ -269,10 +279,63 @@ void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
         for (int64_t r = 0; r < m; r += kMaxBlockRows) {
           const int64_t rows = std::min(kMaxBlockRows, m - r);
           kernels.table[rows - 1][np - 1](
-              a_pairs.data() + r * k_pairs, k_pairs, k_pairs, run,
+              a_pairs + r * k_pairs, k_pairs, k_pairs, run,
               bias ? bias + col0 : nullptr, c + r * ldc + col0, ldc);
         }
       });
+}
+
+// A's rows as bf16 pairs (at most 16 rows, once per call).
+template <class Element, class ToBf16>
+std::vector<uint32_t> pairs_of(const Element* a, int64_t lda, int64_t m,
+                               int64_t k, ToBf16 to_bits) {
+  const int64_t k_pairs = even(k) / 2;
+  std::vector<uint32_t> a_pairs(static_cast<size_t>(m * k_pairs));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kp = 0; kp < k_pairs; ++kp) {
+      const int64_t k0 = 2 * kp;
+      const uint32_t lo = to_bits(a[i * lda + k0]);
+      const uint32_t hi = k0 + 1 < k ? to_bits(a[i * lda + k0 + 1]) : 0u;
+      a_pairs[i * k_pairs + kp] = lo | (hi << 16);
+    }
+  }
+  return a_pairs;
+}
+
+float from_bf16(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+}  // namespace
+
+void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
+                      const PanelPackedBf16& b, const float* bias, float* c,
+                      int64_t ldc) {
+  const std::vector<uint32_t> a_pairs = pairs_of(a, lda, m, b.k, to_bf16);
+  skinny_gemm_bf16_pairs(a_pairs.data(), m, b, bias, c, ldc);
+}
+
+void skinny_gemm_bf16(const uint16_t* a, int64_t lda, int64_t m,
+                      const PanelPackedBf16& b, const uint16_t* bias,
+                      uint16_t* c, int64_t ldc) {
+  const std::vector<uint32_t> a_pairs =
+      pairs_of(a, lda, m, b.k, [](uint16_t bits) { return bits; });
+  std::vector<float> bias_f32;
+  if (bias != nullptr) {
+    bias_f32.resize(static_cast<size_t>(b.n));
+    for (int64_t j = 0; j < b.n; ++j) bias_f32[j] = from_bf16(bias[j]);
+  }
+  std::vector<float> c_f32(static_cast<size_t>(m * b.n));
+  skinny_gemm_bf16_pairs(a_pairs.data(), m, b,
+                         bias != nullptr ? bias_f32.data() : nullptr,
+                         c_f32.data(), b.n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < b.n; ++j)
+      c[i * ldc + j] = to_bf16(c_f32[i * b.n + j]);
+  }
 }
 
 }  // namespace ember::matmul

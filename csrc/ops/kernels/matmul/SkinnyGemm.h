@@ -41,6 +41,9 @@ void pack_panels_f32(const float* b, int64_t k, int64_t n, int64_t stride_k,
                      int64_t stride_n, float* dst);
 void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
                       int64_t stride_n, uint16_t* dst);
+// From a bf16 B (bit patterns; copied, not rounded).
+void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
+                      int64_t stride_n, uint16_t* dst);
 
 // Whether this CPU runs the kernels (AVX-512F; bf16 also AVX512_BF16).
 // Decided once from CPUID.
@@ -57,5 +60,10 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
 void skinny_gemm_bf16(const float* a, int64_t lda, int64_t m,
                       const PanelPackedBf16& b, const float* bias, float* c,
                       int64_t ldc);
+// bf16 A, bias and C (bit patterns): fp32 accumulation, the bias added in
+// fp32, then one round-to-nearest-even to bf16, as CPU's bf16 GEMM rounds.
+void skinny_gemm_bf16(const uint16_t* a, int64_t lda, int64_t m,
+                      const PanelPackedBf16& b, const uint16_t* bias,
+                      uint16_t* c, int64_t ldc);
 
 }  // namespace ember::matmul
