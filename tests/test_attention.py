@@ -179,3 +179,31 @@ def test_split_views_like_gpt2_take_embers_kernel(capfd):
     assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
     torch.testing.assert_close(out.cpu(), out_cpu)
     torch.testing.assert_close(lse.cpu(), lse_cpu)
+
+
+@pytest.mark.parametrize("shape", SHAPES[:5], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("mask_kind", [None, "additive", "padding"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_is_computed_in_fp32_and_rounded_once(shape, mask_kind, causal, capfd):
+    """bf16 operands run ember's fp32 kernel on exact fp32 copies: at least as
+    close to float64 as CPU's bf16 kernel (which rounds P to bf16 before P V),
+    logsumexp in fp32 as CPU's, output in bf16 laid out like CPU's."""
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's attention kernel needs AVX-512F")
+    b, h, lq, lk, d = shape
+    q, k, v = (t.bfloat16() for t in _qkv(b, h, lq, lk, d, seed=lq + 3 * lk))
+    mask = _mask(mask_kind, b, h, lq, lk)
+    mask = None if mask is None else mask.bfloat16()
+    out_cpu, lse_cpu = FLASH(q, k, v, 0.0, causal, attn_mask=mask)
+    qe, ke, ve = (t.to(DEVICE) for t in (q, k, v))
+    me = None if mask is None else mask.to(DEVICE)
+    with be.verbose(1):
+        out, lse = FLASH(qe, ke, ve, 0.0, causal, attn_mask=me)
+    assert "ember/attention-bf16" in capfd.readouterr().err
+    assert out.dtype == torch.bfloat16 and lse.dtype == lse_cpu.dtype == torch.float32
+    assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
+    ref = _reference(q, k, v, mask, causal)
+    err = (out.cpu().double() - ref).abs().max().item()
+    cpu_err = (out_cpu.double() - ref).abs().max().item()
+    assert err <= cpu_err + 2**-8 * ref.abs().max().item(), (err, cpu_err)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-3, atol=1e-3)

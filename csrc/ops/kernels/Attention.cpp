@@ -28,13 +28,15 @@ namespace {
 
 namespace attn = ember::kernels::attention;
 
-bool unit_last_dim(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.dim() == 4 &&
+bool unit_last_dim(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.dim() == 4 &&
          (t.stride(3) == 1 || t.size(3) == 1) && !t.is_conj() && !t.is_neg();
 }
 
+// An fp32 operand's memory; a bf16 one gets its fp32 copy at the call.
 attn::Operand operand(const at::Tensor& t) {
-  return {t.const_data_ptr<float>(), t.stride(0), t.stride(1), t.stride(2)};
+  return {t.scalar_type() == at::kFloat ? t.const_data_ptr<float>() : nullptr,
+          t.stride(0), t.stride(1), t.stride(2)};
 }
 
 // The problem for ember's kernel, or nullopt when CPU's kernel must run.
@@ -43,9 +45,13 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
                                   bool is_causal,
                                   const std::optional<at::Tensor>& attn_mask,
                                   std::optional<double> scale) {
+  // fp32, or bf16 computed in fp32 from exact fp32 copies of the operands
+  // (CPU's bf16 kernel also accumulates and normalises in fp32).
+  const at::ScalarType dtype = q.scalar_type();
   if (flags::cpu_parity() || flags::deterministic() || dropout_p != 0.0 ||
-      !attn::supported() || !unit_last_dim(q) || !unit_last_dim(k) ||
-      !unit_last_dim(v)) {
+      !attn::supported() || (dtype != at::kFloat && dtype != at::kBFloat16) ||
+      !unit_last_dim(q, dtype) || !unit_last_dim(k, dtype) ||
+      !unit_last_dim(v, dtype)) {
     return std::nullopt;
   }
   const int64_t batch = q.size(0), heads = q.size(1);
@@ -69,7 +75,7 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& mask = *attn_mask;
     if (mask.dim() > 4 || mask.device() != q.device()) return std::nullopt;
     const at::Tensor full = mask.expand({batch, heads, p.q_len, p.kv_len});
-    if (!unit_last_dim(full) || p.kv_len == 1) return std::nullopt;
+    if (!unit_last_dim(full, dtype) || p.kv_len == 1) return std::nullopt;
     p.mask = operand(full);
   }
   p.causal = is_causal;
@@ -123,6 +129,52 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
   return std::make_tuple(std::move(out), std::move(lse));
 }
 
+// bf16 operands: ember's fp32 kernel on fp32 copies of Q, K, V (and the
+// mask), the output rounded to bf16 once; the logsumexp stays fp32, as
+// CPU's. CPU's bf16 kernel runs its small GEMMs in bf16 (P rounded to bf16
+// before P V): a decode step's attention ran ~2x slower there.
+std::tuple<at::Tensor, at::Tensor> bf16_attention(
+    const attn::Problem& problem, const at::Tensor& query,
+    const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask) {
+  std::optional<at::Tensor> mask;
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    mask = attn_mask->expand(
+        {problem.batch, problem.heads, problem.q_len, problem.kv_len});
+  }
+  auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
+      "aten::_scaled_dot_product_flash_attention_for_cpu",
+      unboxed::replayable([problem](const at::Tensor& q, const at::Tensor& k,
+                                    const at::Tensor& v,
+                                    const std::optional<at::Tensor>& m) {
+        attn::Problem p = problem;
+        const at::Tensor q32 = q.to(at::kFloat);
+        const at::Tensor k32 = k.to(at::kFloat);
+        const at::Tensor v32 = v.to(at::kFloat);
+        p.q = operand(q32);
+        p.k = operand(k32);
+        p.v = operand(v32);
+        at::Tensor m32;
+        if (m.has_value()) {
+          m32 = m->to(at::kFloat);
+          p.mask = operand(m32);
+        }
+        const at::Tensor out32 = at::empty({p.batch, p.heads, p.q_len, p.v_dim},
+                                           q.options().dtype(at::kFloat));
+        const at::Tensor lse =
+            at::empty({p.batch, p.q_len, p.heads}, out32.options())
+                .transpose(1, 2);
+        forward_into(p, out32, lse);
+        // CPU's layout of the output: like the query.
+        at::Tensor out = at::empty_like(q);
+        out.copy_(out32);
+        return std::make_tuple(out, lse);
+      }),
+      query, key, value, mask);
+  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention-bf16");
+  return result;
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
@@ -148,6 +200,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         Op, const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
         bool, const std::optional<at::Tensor>&, std::optional<double>>(
         query, key, value, dropout_p, is_causal, attn_mask, scale);
+  }
+  if (query.scalar_type() == at::kBFloat16) {
+    return bf16_attention(*problem, query, key, value, attn_mask);
   }
   if (launch_async() && query.device() == key.device() &&
       query.device() == value.device()) {
