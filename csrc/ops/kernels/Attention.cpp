@@ -130,9 +130,10 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
 }
 
 // bf16 operands: ember's fp32 kernel on fp32 copies of Q, K, V (and the
-// mask), the output rounded to bf16 once; the logsumexp stays fp32, as
-// CPU's. CPU's bf16 kernel runs its small GEMMs in bf16 (P rounded to bf16
-// before P V): a decode step's attention ran ~2x slower there.
+// mask), the unnormalised probabilities rounded to bf16 before P V and the
+// output rounded to bf16 once, as CPU's bf16 flash kernel rounds them; the
+// logsumexp stays fp32, as CPU's. A decode step's attention ran ~4x slower
+// in CPU's kernel.
 std::tuple<at::Tensor, at::Tensor> bf16_attention(
     const attn::Problem& problem, const at::Tensor& query,
     const at::Tensor& key, const at::Tensor& value,
@@ -148,6 +149,7 @@ std::tuple<at::Tensor, at::Tensor> bf16_attention(
                                     const at::Tensor& v,
                                     const std::optional<at::Tensor>& m) {
         attn::Problem p = problem;
+        p.bf16_probabilities = true;
         const at::Tensor q32 = q.to(at::kFloat);
         const at::Tensor k32 = k.to(at::kFloat);
         const at::Tensor v32 = v.to(at::kFloat);

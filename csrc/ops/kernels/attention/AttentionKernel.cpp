@@ -1,10 +1,12 @@
 #include "ops/kernels/attention/AttentionKernel.h"
 
 #include <ATen/Parallel.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -12,8 +14,40 @@
 #include "ops/kernels/elementwise/VectorMath.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
 
+// GCC 12 reports its own intrinsics' deliberately undefined register
+// operands (_mm512_undefined_*) as uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace ember::kernels::attention {
 namespace {
+
+// Each value to the nearest bf16 (ties to even), kept as fp32; finite
+// non-negative inputs only (exponentials).
+uint32_t rounded_bf16_bits(uint32_t bits) {
+  return (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+}
+
+__attribute__((target("avx512f"))) void round_to_bf16(float* values,
+                                                      int64_t n) {
+  const __m512i bias = _mm512_set1_epi32(0x7fff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i bits = _mm512_castps_si512(_mm512_loadu_ps(values + i));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+    const __m512i rounded = _mm512_and_si512(
+        _mm512_add_epi32(_mm512_add_epi32(bits, bias), odd), high);
+    _mm512_storeu_ps(values + i, _mm512_castsi512_ps(rounded));
+  }
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    bits = rounded_bf16_bits(bits);
+    std::memcpy(&values[i], &bits, sizeof bits);
+  }
+}
 
 // Scale-and-mask is done; row r of `s` (cols wide) holds query row row0 + r.
 // Turns each row into unnormalised probabilities, stores its logsumexp and
@@ -51,6 +85,7 @@ void softmax_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
       const float sum = exp_shifted_sum_f32(row, cols, max);
       inverse_sums[r] = 1.0f / sum;
       *lse = max + std::log(sum);
+      if (p.bf16_probabilities) round_to_bf16(row, visible);
     }
   }
 }

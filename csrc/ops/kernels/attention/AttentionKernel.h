@@ -29,6 +29,9 @@ struct Problem {
   Operand q, k, v;
   Operand mask;         // additive, [q_len, kv_len] per (batch, head); optional
   bool causal = false;  // row i sees keys j <= i (top-left aligned)
+  // Round the unnormalised probabilities to bf16 before P V, as CPU's bf16
+  // flash kernel does (its P V is a bf16 GEMM); the row sums stay fp32.
+  bool bf16_probabilities = false;
   float scale = 1.0f;
   float* out = nullptr;  // [batch, head, row] strides below, unit last
   int64_t out_batch_stride = 0, out_head_stride = 0, out_row_stride = 0;
