@@ -347,3 +347,38 @@ def test_ddp_across_two_hosts_in_network_namespaces(tmp_path, two_hosts):
     for proc, (_, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-4000:]
     _assert_same_training(tmp_path, "hosts0.pt")
+
+
+RELEASE = textwrap.dedent(
+    """
+    import time, torch, torch.distributed as dist
+    import torch_ember.distributed as ed
+
+    dist.init_process_group("ember", init_method="tcp://127.0.0.1:" + __import__("sys").argv[1],
+                            rank=0, world_size=1)
+    t = torch.ones(8, device="ember")
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    assert ed._held_by_gloo() == 1  # the Work keeps its alias
+    start = time.monotonic()
+    ed._wait_for_gloo_release(timeout_s=0.3)
+    assert time.monotonic() - start >= 0.3  # bounded: a held Work is waited for, not forever
+    del work
+    ed._wait_for_gloo_release(timeout_s=5.0)
+    assert ed._held_by_gloo() == 0  # released: no gloo worker can drop it at exit
+    dist.destroy_process_group()
+    print("release ok")
+    """
+)
+
+
+def test_gloo_lets_go_of_ember_aliases_before_exit(tmp_path):
+    """A gloo worker that drops a finished collective's tensors after the
+    interpreter began finalising aborts the process; ember's backend tracks
+    the aliases it hands gloo, and shutdown and exit wait (boundedly) until
+    gloo has let go of them."""
+    script = tmp_path / "release.py"
+    script.write_text(RELEASE)
+    result = _run([str(script), str(_free_port())], tmp_path)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "release ok" in result.stdout
