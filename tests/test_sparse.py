@@ -1,8 +1,8 @@
 """Sparse tensors on ember (ops/SparseBridge.h): COO and the compressed
 layouts, whose components (indices, values) are ember tensors. Ops run
 CPU's sparse kernels over aliases of the components; results equal CPU's,
-components stay on ember, autograd works, and mixing with host tensors
-raises CUDA's device error."""
+components stay on ember, autograd works, mixing with host tensors raises
+CUDA's device error, and copy_ between host and ember copies as on CUDA."""
 
 import warnings
 
@@ -157,3 +157,29 @@ def test_save_and_load_keep_layout_and_device(tmp_path, layout):
     loaded = torch.load(tmp_path / "sparse.pt")
     assert loaded.device == sparse.device and loaded.layout == sparse.layout
     assert torch.equal(loaded.to_dense().cpu(), x.cpu())
+
+
+def test_copy_between_host_and_ember_sparse_tensors_as_cuda_copies():
+    """copy_ between a host sparse tensor and an ember one copies across
+    devices (as CUDA does): the destination keeps its device, takes the
+    source's shape, components and dtype conversion; CPU's errors stay."""
+    src = _coo()
+    dst = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.tensor([9.0]), (2, 3))
+    dst = dst.to(DEVICE).double()
+    dst.copy_(src)
+    assert dst.device.type == DEVICE and dst._values().device.type == DEVICE
+    assert dst.dtype == torch.float64 and dst._nnz() == src._nnz()
+    assert torch.equal(dst.to_dense().cpu(), src.to_dense().double())
+    back = torch.sparse_coo_tensor(torch.zeros(2, 0, dtype=torch.long), torch.zeros(0), (2, 3))
+    back.copy_(dst)
+    assert back.device.type == "cpu" and torch.equal(back.to_dense(), src.to_dense())
+    csr_src = _dense().to_sparse_csr()
+    csr = (csr_src * 2).to(DEVICE)
+    csr.copy_(csr_src)
+    assert torch.equal(csr.to_dense().cpu(), csr_src.to_dense())
+    empty = torch.zeros(4, 6).to_sparse_csr()
+    with pytest.raises(RuntimeError) as cpu_error:
+        empty.copy_(csr_src)
+    with pytest.raises(RuntimeError) as ember_error:
+        empty.to(DEVICE).copy_(csr_src)
+    assert str(ember_error.value) == str(cpu_error.value)

@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "ops/CpuDelegation.h"
+#include "ops/SparseBridge.h"
 #include "ops/kernels/EmberKernels.h"
 
 namespace ember {
@@ -66,7 +67,15 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
       torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());
 }
 // Sparse ember tensors: CPU's sparse kernels on sparse tensors over aliases
-// of their components (ops/SparseBridge.h).
+// of their components (ops/SparseBridge.h), except what needs ember's own.
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors",
+         TORCH_FN(sparse_coo_with_dims_and_tensors));
+  m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&sparse_copy_>());
+}
+TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
+  m.impl("copy_", torch::CppFunction::makeFromBoxedFunction<&sparse_copy_>());
+}
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(
       torch::CppFunction::makeFromBoxedFunction<&cpu_delegation_fallback>());

@@ -8,6 +8,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include "ops/CpuDelegation.h"
+
 namespace ember {
 namespace {
 
@@ -97,8 +99,6 @@ void sparse_write_back(const at::Tensor& ember, const at::Tensor& cpu,
       adopt(c.compressed), adopt(c.plain), adopt(c.values), cpu.sizes());
 }
 
-namespace {
-
 at::Tensor sparse_coo_with_dims_and_tensors(
     int64_t sparse_dim, int64_t dense_dim, c10::SymIntArrayRef size,
     const at::Tensor& indices, const at::Tensor& values,
@@ -112,10 +112,20 @@ at::Tensor sparse_coo_with_dims_and_tensors(
                          indices, values, is_coalesced.value_or(false));
 }
 
-TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
-  m.impl("_sparse_coo_tensor_with_dims_and_tensors",
-         TORCH_FN(sparse_coo_with_dims_and_tensors));
+void sparse_copy_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack) {
+  const size_t n = stack->size();
+  const at::Tensor self = (*stack)[n - 3].toTensor();
+  const at::Tensor src = (*stack)[n - 2].toTensor();
+  const bool non_blocking = (*stack)[n - 1].toBool();
+  if (self.device() == src.device() || !is_sparse_layout(self) ||
+      !is_sparse_layout(src)) {
+    cpu_delegation_fallback(op, keys, stack);
+    return;
+  }
+  self.copy_(src.to(self.device(), non_blocking), non_blocking);
+  torch::jit::drop(*stack, 3);
+  stack->emplace_back(self);
 }
 
-}  // namespace
 }  // namespace ember

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <functional>
 
@@ -32,10 +33,26 @@ at::Tensor sparse_from_cpu(const at::Tensor& cpu, const ComponentMap& adopt);
 void sparse_write_back(const at::Tensor& ember, const at::Tensor& cpu,
                        const ComponentMap& adopt);
 
-// A COO ember tensor from ember components (the SparsePrivateUse1 kernel of
-// aten::_sparse_coo_tensor_with_dims_and_tensors).
+// A COO ember tensor from ember components.
 at::Tensor make_sparse_coo(int64_t sparse_dim, int64_t dense_dim,
                            c10::IntArrayRef size, const at::Tensor& indices,
                            const at::Tensor& values, bool coalesced);
+
+// The SparsePrivateUse1 kernel of
+// aten::_sparse_coo_tensor_with_dims_and_tensors.
+at::Tensor sparse_coo_with_dims_and_tensors(
+    int64_t sparse_dim, int64_t dense_dim, c10::SymIntArrayRef size,
+    const at::Tensor& indices, const at::Tensor& values,
+    std::optional<at::ScalarType> dtype, std::optional<c10::Layout> layout,
+    std::optional<c10::Device> device, std::optional<bool> pin_memory,
+    std::optional<bool> is_coalesced);
+
+// aten::copy_ on sparse ember tensors (boxed). Between a sparse tensor on
+// ember and one on another device (CPU), as CUDA copies: the source moves
+// to the destination's device first, then the same-device copy runs (its
+// checks and errors are the destination device's). Anything else: CPU's
+// kernel through the delegation.
+void sparse_copy_(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                  torch::jit::Stack* stack);
 
 }  // namespace ember
