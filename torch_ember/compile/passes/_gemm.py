@@ -17,12 +17,27 @@ TEMPLATE_META = "ember_gemm_template"
 class Gemm:
     node: torch.fx.Node  # aten.mm or aten.addmm
     rows: int | None  # M, when static
-    weight: torch.fx.Node  # the get_attr node of the [K, N] operand
+    weight: torch.fx.Node  # the [K, N] operand: a get_attr node (or a graph input)
     weight_index: int  # its position in node.args
 
 
 def frozen_gemms(gm: torch.fx.GraphModule) -> list[Gemm]:
     """``mm(x, W)`` / ``addmm(b, x, W)`` on ember whose ``W`` is a frozen constant."""
+    return _gemms(gm, lambda w: w.op == "get_attr")
+
+
+def input_gemms(gm: torch.fx.GraphModule) -> list[Gemm]:
+    """The same with ``W`` a graph input that needs no gradient (a tensor the caller
+    passes, the same one call after call in an inference loop: packable)."""
+
+    def is_input(w: torch.fx.Node) -> bool:
+        val = w.meta.get("val")
+        return w.op == "placeholder" and isinstance(val, torch.Tensor) and not val.requires_grad
+
+    return _gemms(gm, is_input)
+
+
+def _gemms(gm: torch.fx.GraphModule, weight_ok) -> list[Gemm]:
     found = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
@@ -32,7 +47,7 @@ def frozen_gemms(gm: torch.fx.GraphModule) -> list[Gemm]:
             continue  # alpha/beta or out_dtype: leave to Inductor
         x, w = node.args[offset], node.args[offset + 1]
         val = node.meta.get("val")
-        if not isinstance(w, torch.fx.Node) or w.op != "get_attr" or val is None:
+        if not isinstance(w, torch.fx.Node) or not weight_ok(w) or val is None:
             continue
         if val.device.type != "ember" or val.dtype not in (torch.float32, torch.bfloat16):
             continue

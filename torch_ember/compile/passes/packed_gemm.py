@@ -1,5 +1,6 @@
-"""Frozen GEMMs as ``torch.ops.ember.gemm``: the packed route's result used as returned,
-with a following activation as oneDNN's post-op.
+"""Frozen GEMMs (and, in inference graphs, GEMMs whose B is a graph input) as
+``torch.ops.ember.gemm``: the packed route's result used as returned, with a
+following activation as oneDNN's post-op.
 
 Inductor calls an ATen GEMM through its ``out=`` form (``addmm(..., out=buf)``
 into a buffer it allocated). ember's packed route for more than 16 rows is
@@ -30,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch._inductor import config as inductor_config
 
-from torch_ember.compile.passes._gemm import TEMPLATE_META, frozen_gemms
+from torch_ember.compile.passes._gemm import TEMPLATE_META, frozen_gemms, input_gemms
 
 aten = torch.ops.aten
 
@@ -115,7 +116,12 @@ def packed_gemm(gm: torch.fx.GraphModule, options) -> int:
         return 0
     changed = 0
     graph = gm.graph
-    for gemm in frozen_gemms(gm):
+    # Graphs compiled with grad disabled (inference; also a backward graph): a
+    # GEMM whose B is a graph input takes the same value-returning op (packed
+    # once the same B comes back, else oneDNN on it; the product as mm's). A
+    # training forward's B is a weight the optimizer changes: left to Inductor.
+    inputs = input_gemms(gm) if not torch.is_grad_enabled() else []
+    for gemm in frozen_gemms(gm) + inputs:
         node = gemm.node
         if TEMPLATE_META in node.meta or (gemm.rows is not None and gemm.rows <= options.small_m):
             continue
