@@ -10,12 +10,13 @@ Dynamo's graph, in the backend, so that Inductor freezes at all.
 | pass | what |
 |---|---|
 | ``linear_activation`` | a small one-row linear + activation as one generated C++ kernel; optionally (``template=True``) the activation as a C++ GEMM template's epilogue (many rows) |
-| ``packed_gemm`` | every other frozen GEMM as ``torch.ops.ember.gemm``: the runtime's packed-weight route (``csrc/ops/kernels/matmul/FastGemm.cpp``: the weight packed once, the skinny kernel or oneDNN's packed matmul) with its result used as returned, not copied into an ``out=`` buffer |
+| ``packed_gemm`` | every other frozen GEMM (and, in graphs compiled with grad disabled, every GEMM whose B is a graph input) as ``torch.ops.ember.gemm``: the runtime's packed-weight route (``csrc/ops/kernels/matmul/FastGemm.cpp``: the weight packed once, the skinny kernel or oneDNN's packed matmul) with its result used as returned, not copied into an ``out=`` buffer |
 
 The passes run for ``backend="ember"`` and, through the device's post-grad
 hook (``inductor_backend.EmberGraphPass``), for the default Inductor backend
-on ember graphs too; they change only frozen GEMMs, so only inference graphs
-compiled with ``torch._inductor.config.freezing``.
+on ember graphs too; they change frozen GEMMs (inference graphs compiled with
+``torch._inductor.config.freezing``) and GEMMs on graph inputs in graphs
+compiled with grad disabled.
 """
 
 from __future__ import annotations
