@@ -40,7 +40,7 @@ CASES = [
     ((1, 3, 32, 32), (16, 7), 2, 3, 1, 1),  # a stem
     ((2, 32, 14, 14), (32, 3), 1, 1, 1, 1),
     ((1, 64, 9, 9), (128, 1), 1, 0, 1, 1),  # 1x1
-    ((2, 150, 12, 13), (140, 1), 1, 0, 1, 1),  # re-layout blocks past 128, partial tiles
+    ((2, 150, 10, 11), (140, 1), 1, 0, 1, 1),  # re-layout blocks past 128, partial tiles
     ((1, 24, 11, 13), (24, 3), 1, 1, 1, 24),  # depthwise
     ((1, 8, 10, 10), (16, 3), 2, 1, 1, 2),  # grouped, strided
     ((1, 16, 12, 12), (20, 3), 1, 2, 2, 1),  # dilated, odd channel count
@@ -129,3 +129,94 @@ def test_route_is_observable(capfd):
         with be.verbose(1):
             conv(x)
     assert "onednn/packed" in capfd.readouterr().err
+
+
+# 1x1 convolutions of NCHW images with at least 128 pixels run as ember's
+# channel GEMM (out = W @ x per image on the NCHW layout, no pack).
+POINTWISE_CASES = [
+    ((1, 64, 16, 16), 256),  # full 8-row x 48-column blocks
+    ((2, 37, 20, 19), 13),  # row and column tails, two images
+    ((1, 5, 8, 16), 70),  # 128 pixels, K below a register's width
+    ((3, 300, 16, 17), 9),  # long K, few rows: the rows split across threads
+]
+
+
+@pytest.mark.parametrize("case", POINTWISE_CASES, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_conv_runs_as_a_channel_gemm_on_the_nchw_layout(case, bias, capfd):
+    (n, c, h, w_), co = case
+    torch.manual_seed(n * c + co)
+    x, w = torch.randn(n, c, h, w_), torch.randn(co, c, 1, 1)
+    b = torch.randn(co) if bias else None
+    cpu = F.conv2d(x, w, b)
+    xe, we = x.to(DEVICE), w.to(DEVICE)
+    be_ = None if b is None else b.to(DEVICE)
+    with be.verbose(1):
+        outs = [F.conv2d(xe, we, be_) for _ in range(3)]
+    assert "channel-gemm" in capfd.readouterr().err
+    assert be.packed_weights_info()["packs"] == 0  # the weight is read as it is
+    for out in outs:
+        assert out.shape == cpu.shape and out.stride() == cpu.stride()
+        _check(out, x, w, b)
+    assert torch.equal(outs[0].cpu(), outs[2].cpu())
+
+
+def test_channel_gemm_is_bitwise_the_same_on_any_thread_count():
+    torch.manual_seed(3)
+    x = torch.randn(1, 96, 20, 20, device=DEVICE)
+    w = torch.randn(40, 96, 1, 1, device=DEVICE)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            results.append(F.conv2d(x, w).cpu())
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+def test_channel_gemm_sees_weight_writes_and_trains():
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(24, 32, 1)
+    conv_e = torch.nn.Conv2d(24, 32, 1).to(DEVICE)
+    conv_e.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 24, 16, 16)
+    for _ in range(2):
+        conv(x).square().sum().backward()
+        conv_e(x.to(DEVICE)).square().sum().backward()
+    # The forward's sums run in another order than oneDNN's: fp32 rounding.
+    close = {"rtol": 1e-4, "atol": 1e-4}
+    torch.testing.assert_close(conv_e.weight.grad.cpu(), conv.weight.grad, **close)
+    torch.testing.assert_close(conv_e.bias.grad.cpu(), conv.bias.grad, **close)
+    with torch.no_grad():
+        conv.weight.mul_(-2)
+        conv_e.weight.mul_(-2)
+        torch.testing.assert_close(conv_e(x.to(DEVICE)).cpu(), conv(x), **close)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["channels_last_input", "strided_input", "stride_2", "small_image"],
+)
+def test_other_pointwise_convs_keep_the_onednn_route(layout, capfd):
+    torch.manual_seed(5)
+    x, w, kw = torch.randn(1, 32, 16, 16), torch.randn(48, 32, 1, 1), {}
+    xe = None
+    if layout == "channels_last_input":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "strided_input":
+        wide = torch.randn(1, 32, 16, 32)
+        x, xe = wide[..., ::2], wide.to(DEVICE)[..., ::2]
+    elif layout == "stride_2":
+        kw = {"stride": 2}
+    else:
+        x = torch.randn(1, 32, 9, 14)  # 126 pixels
+    cpu = F.conv2d(x, w, **kw)
+    xe = x.to(DEVICE) if xe is None else xe
+    we = w.to(DEVICE)
+    with be.verbose(1):
+        out = [F.conv2d(xe, we, **kw) for _ in range(2)][-1]
+    assert "channel-gemm" not in capfd.readouterr().err
+    assert out.stride() == cpu.stride()
+    _check(out, x, w, None, **kw)

@@ -28,6 +28,7 @@
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
+#include "ops/kernels/matmul/ChannelGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/tuning/Autotune.h"
 
@@ -273,6 +274,58 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   return out;
 }
 
+// A 1x1, stride-1, unpadded convolution of a contiguous NCHW input with a
+// contiguous weight: per image, out (Cout x HW) = W (Cout x Cin) @ x (Cin x
+// HW), run by ember's channel GEMM on the NCHW layout itself (no
+// re-layouts, the weight read as it is: no pack to keep fresh). Images of
+// at least kMinPixels pixels: on ResNet-50's 7x7 planes (49 pixels, four
+// 16-pixel panels, one nearly empty) oneDNN's blocked kernel is faster
+// and the re-layouts it needs are small.
+constexpr int64_t kMinPixels = 128;
+
+bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
+                          const ConvParams& p) {
+  return matmul::channel_gemm_supported() && p.groups == 1 &&
+         weight.size(2) == 1 && weight.size(3) == 1 && p.stride[0] == 1 &&
+         p.stride[1] == 1 && p.padding[0] == 0 && p.padding[1] == 0 &&
+         input.size(2) * input.size(3) >= kMinPixels && input.is_contiguous() &&
+         weight.is_contiguous() &&
+         weight.suggest_memory_format() == at::MemoryFormat::Contiguous &&
+         input.suggest_memory_format() == at::MemoryFormat::Contiguous;
+}
+
+at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias) {
+  at::Tensor out = unboxed::custom<at::Tensor>(
+      "aten::convolution",
+      unboxed::replayable([](const at::Tensor& x, const at::Tensor& w,
+                             const std::optional<at::Tensor>& b) {
+        const int64_t pixels = x.size(2) * x.size(3);
+        at::Tensor result = at::empty(
+            {x.size(0), w.size(0), x.size(2), x.size(3)}, x.options());
+        matmul::ChannelGemmArgs args;
+        args.w = w.const_data_ptr<float>();
+        args.ldw = w.size(1);
+        args.x = x.const_data_ptr<float>();
+        args.ldx = pixels;
+        args.x_image_stride = x.size(1) * pixels;
+        args.bias = b.has_value() && b->defined() ? b->const_data_ptr<float>()
+                                                  : nullptr;
+        args.out = result.mutable_data_ptr<float>();
+        args.ldo = pixels;
+        args.out_image_stride = w.size(0) * pixels;
+        args.m = w.size(0);
+        args.k = w.size(1);
+        args.n = pixels;
+        args.images = x.size(0);
+        matmul::channel_gemm_f32(args);
+        return result;
+      }),
+      input, weight, bias);
+  observe::mark_path(observe::ExecutionPath::kNative, "channel-gemm");
+  return out;
+}
+
 std::vector<int64_t> concrete(c10::SymIntArrayRef values) {
   std::vector<int64_t> out;
   for (const auto& v : values) out.push_back(v.guard_int(__FILE__, __LINE__));
@@ -322,6 +375,9 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                            transposed, output_padding, groups);
   }
   if (packed_route_applies(input, weight, bias, params)) {
+    if (channel_gemm_applies(input, weight, params)) {
+      return channel_gemm_conv(input, weight, bias);
+    }
     if (auto out = packed_conv(input, weight, bias, params)) return *out;
   }
   if (!engine_applies(input, weight, transposed)) {

@@ -1,0 +1,162 @@
+#include "ops/kernels/matmul/ChannelGemm.h"
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "ember/runtime/cpu_features.h"
+
+namespace ember::matmul {
+namespace {
+
+constexpr int64_t kWidth = 16;  // pixels per panel: one zmm of fp32
+constexpr int kMaxPanels = 3;   // panels per micro-kernel call
+constexpr int kMaxRows = 8;     // weight rows per micro-kernel call
+constexpr int64_t kGroupColumns = kMaxPanels * kWidth;
+
+__mmask16 column_mask(int64_t columns) {
+  return columns >= kWidth ? static_cast<__mmask16>(0xffff)
+                           : static_cast<__mmask16>((1u << columns) - 1u);
+}
+
+// kRows x (kPanels * 16) outputs: per k, kPanels panel loads and kRows
+// weight broadcasts feed kRows * kPanels FMAs (8 x 3 = 24 accumulators).
+template <int kRows, int kPanels>
+__attribute__((target("avx512f"))) void block(const float* w, int64_t ldw,
+                                              int64_t k, const float* panels,
+                                              const float* bias, float* out,
+                                              int64_t ldo, int64_t columns) {
+  __m512 acc[kRows][kPanels];
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 3
+    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m512 x[kPanels];
+#pragma GCC unroll 3
+    for (int j = 0; j < kPanels; ++j) {
+      x[j] = _mm512_load_ps(panels + (j * k + kk) * kWidth);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 weight = _mm512_set1_ps(w[i * ldw + kk]);
+#pragma GCC unroll 3
+      for (int j = 0; j < kPanels; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(weight, x[j], acc[i][j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i) {
+    const __m512 b =
+        bias != nullptr ? _mm512_set1_ps(bias[i]) : _mm512_setzero_ps();
+#pragma GCC unroll 3
+    for (int j = 0; j < kPanels; ++j) {
+      _mm512_mask_storeu_ps(out + i * ldo + j * kWidth,
+                            column_mask(columns - j * kWidth),
+                            _mm512_add_ps(acc[i][j], b));
+    }
+  }
+}
+
+using Block = void (*)(const float*, int64_t, int64_t, const float*,
+                       const float*, float*, int64_t, int64_t);
+
+// block<rows, panels> for every rows <= 8, panels <= 3.
+struct BlockTable {
+  Block table[kMaxRows][kMaxPanels];
+  BlockTable() { fill<1>(); }
+  template <int R>
+  void fill() {
+    table[R - 1][0] = &block<R, 1>;
+    table[R - 1][1] = &block<R, 2>;
+    table[R - 1][2] = &block<R, 3>;
+    if constexpr (R < kMaxRows) fill<R + 1>();
+  }
+};
+
+// Columns [n0, n0 + columns) of x's k rows as panels [panel][k][16], zero
+// past the last column, in a 64-byte aligned per-thread buffer.
+__attribute__((target("avx512f"))) void pack_columns(const float* x,
+                                                     int64_t ldx, int64_t k,
+                                                     int64_t columns,
+                                                     float* panels) {
+  for (int64_t j = 0; j * kWidth < columns; ++j) {
+    const __mmask16 mask = column_mask(columns - j * kWidth);
+    const float* src = x + j * kWidth;
+    float* dst = panels + j * k * kWidth;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      _mm512_store_ps(dst + kk * kWidth,
+                      _mm512_maskz_loadu_ps(mask, src + kk * ldx));
+    }
+  }
+}
+
+// A thread's panel buffer and the first element of the columns it holds.
+struct PanelBuffer {
+  std::vector<float> storage;
+  const float* source = nullptr;
+
+  float* aligned(int64_t floats) {
+    storage.resize(static_cast<size_t>(floats + kWidth));
+    const auto address = reinterpret_cast<uintptr_t>(storage.data());
+    return storage.data() + ((64 - address % 64) % 64) / sizeof(float);
+  }
+};
+
+}  // namespace
+
+bool channel_gemm_supported() {
+  static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
+
+void channel_gemm_f32(const ChannelGemmArgs& a) {
+  static const BlockTable kernels;
+  const int64_t groups = (a.n + kGroupColumns - 1) / kGroupColumns;
+  const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;
+  // Few pixel groups (small images) leave threads idle: split the rows too.
+  // A thread takes consecutive tasks, so the row chunks of one group mostly
+  // land on one thread and share its packed panels.
+  const int64_t threads = at::get_num_threads();
+  int64_t chunks = 1;
+  while (a.images * groups * chunks < 4 * threads && chunks < row_blocks) {
+    chunks *= 2;
+  }
+  const int64_t chunk_rows =
+      (row_blocks + chunks - 1) / chunks * static_cast<int64_t>(kMaxRows);
+  const int64_t tasks = a.images * groups * chunks;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    thread_local PanelBuffer buffer;
+    // The buffer may hold another call's panels at the same address.
+    buffer.source = nullptr;
+    float* panels = buffer.aligned(a.k * kGroupColumns);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t image = t / (groups * chunks);
+      const int64_t group = t / chunks % groups;
+      const int64_t chunk = t % chunks;
+      const int64_t n0 = group * kGroupColumns;
+      const int64_t columns = std::min(kGroupColumns, a.n - n0);
+      const float* x = a.x + image * a.x_image_stride + n0;
+      if (buffer.source != x) {
+        pack_columns(x, a.ldx, a.k, columns, panels);
+        buffer.source = x;
+      }
+      const int64_t np = (columns + kWidth - 1) / kWidth;
+      float* out = a.out + image * a.out_image_stride + n0;
+      const int64_t row_end = std::min(a.m, (chunk + 1) * chunk_rows);
+      for (int64_t r = chunk * chunk_rows; r < row_end; r += kMaxRows) {
+        const int64_t rows = std::min<int64_t>(kMaxRows, row_end - r);
+        kernels.table[rows - 1][np - 1](
+            a.w + r * a.ldw, a.ldw, a.k, panels,
+            a.bias != nullptr ? a.bias + r : nullptr, out + r * a.ldo, a.ldo,
+            columns);
+      }
+    }
+  });
+}
+
+}  // namespace ember::matmul
