@@ -40,7 +40,7 @@ CASES = [
     ((1, 3, 32, 32), (16, 7), 2, 3, 1, 1),  # a stem
     ((2, 32, 14, 14), (32, 3), 1, 1, 1, 1),
     ((1, 64, 9, 9), (128, 1), 1, 0, 1, 1),  # 1x1
-    ((2, 150, 10, 11), (140, 1), 1, 0, 1, 1),  # re-layout blocks past 128, partial tiles
+    ((2, 150, 10, 11), (140, 3), 1, 1, 1, 1),  # re-layout blocks past 128, partial tiles
     ((1, 24, 11, 13), (24, 3), 1, 1, 1, 24),  # depthwise
     ((1, 8, 10, 10), (16, 3), 2, 1, 1, 2),  # grouped, strided
     ((1, 16, 12, 12), (20, 3), 1, 2, 2, 1),  # dilated, odd channel count
@@ -64,7 +64,10 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
     xe, we = x.to(DEVICE), w.to(DEVICE)
     be_ = None if b is None else b.to(DEVICE)
     outs = [F.conv2d(xe, we, be_, **kw) for _ in range(3)]  # 2nd call packs
-    assert be.packed_weights_info()["packs"] == 1
+    # NCHW 1x1 stride-1 convolutions take the channel GEMM (below): no pack.
+    channel_gemm = k == 1 and stride == 1 and padding == 0 and groups == 1
+    channel_gemm = channel_gemm and not channels_last and h * w_ >= 16
+    assert be.packed_weights_info()["packs"] == (0 if channel_gemm else 1)
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
         _check(out, x, w, b, **kw)
@@ -131,13 +134,16 @@ def test_route_is_observable(capfd):
     assert "onednn/packed" in capfd.readouterr().err
 
 
-# 1x1 convolutions of NCHW images with at least 128 pixels run as ember's
+# 1x1 convolutions of NCHW images with at least 16 pixels run as ember's
 # channel GEMM (out = W @ x per image on the NCHW layout, no pack).
 POINTWISE_CASES = [
     ((1, 64, 16, 16), 256),  # full 8-row x 48-column blocks
     ((2, 37, 20, 19), 13),  # row and column tails, two images
     ((1, 5, 8, 16), 70),  # 128 pixels, K below a register's width
     ((3, 300, 16, 17), 9),  # long K, few rows: the rows split across threads
+    ((2, 37, 7, 7), 19),  # 49 pixels: 3 panels + 1 dot-product column, odd K
+    ((1, 300, 14, 14), 12),  # 196 pixels: 12 panels + 4 dot-product columns
+    ((1, 16, 4, 5), 33),  # 20 pixels: 1 panel + 4 dot-product columns
 ]
 
 
@@ -163,17 +169,18 @@ def test_pointwise_conv_runs_as_a_channel_gemm_on_the_nchw_layout(case, bias, ca
 
 def test_channel_gemm_is_bitwise_the_same_on_any_thread_count():
     torch.manual_seed(3)
-    x = torch.randn(1, 96, 20, 20, device=DEVICE)
-    w = torch.randn(40, 96, 1, 1, device=DEVICE)
-    before = torch.get_num_threads()
-    try:
-        results = []
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            results.append(F.conv2d(x, w).cpu())
-    finally:
-        torch.set_num_threads(before)
-    assert all(torch.equal(results[0], r) for r in results[1:])
+    for size in (20, 7):  # panels only; panels and a dot-product column
+        x = torch.randn(1, 96, size, size, device=DEVICE)
+        w = torch.randn(40, 96, 1, 1, device=DEVICE)
+        before = torch.get_num_threads()
+        try:
+            results = []
+            for threads in (1, 2, 3):
+                torch.set_num_threads(threads)
+                results.append(F.conv2d(x, w).cpu())
+        finally:
+            torch.set_num_threads(before)
+        assert all(torch.equal(results[0], r) for r in results[1:])
 
 
 def test_channel_gemm_sees_weight_writes_and_trains():
@@ -211,7 +218,7 @@ def test_other_pointwise_convs_keep_the_onednn_route(layout, capfd):
     elif layout == "stride_2":
         kw = {"stride": 2}
     else:
-        x = torch.randn(1, 32, 9, 14)  # 126 pixels
+        x = torch.randn(1, 32, 3, 5)  # 15 pixels
     cpu = F.conv2d(x, w, **kw)
     xe = x.to(DEVICE) if xe is None else xe
     we = w.to(DEVICE)

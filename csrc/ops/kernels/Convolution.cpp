@@ -278,10 +278,8 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
 // contiguous weight: per image, out (Cout x HW) = W (Cout x Cin) @ x (Cin x
 // HW), run by ember's channel GEMM on the NCHW layout itself (no
 // re-layouts, the weight read as it is: no pack to keep fresh). Images of
-// at least kMinPixels pixels: on ResNet-50's 7x7 planes (49 pixels, four
-// 16-pixel panels, one nearly empty) oneDNN's blocked kernel is faster
-// and the re-layouts it needs are small.
-constexpr int64_t kMinPixels = 128;
+// at least one 16-pixel panel; smaller ones stay on oneDNN.
+constexpr int64_t kMinPixels = 16;
 
 bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
                           const ConvParams& p) {

@@ -8,6 +8,11 @@
 
 #include "ember/runtime/cpu_features.h"
 
+// GCC 12 reports its own intrinsics' deliberately undefined register
+// operands (inside _mm512_reduce_add_ps) as uninitialised.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace ember::matmul {
 namespace {
 
@@ -15,6 +20,10 @@ constexpr int64_t kWidth = 16;  // pixels per panel: one zmm of fp32
 constexpr int kMaxPanels = 3;   // panels per micro-kernel call
 constexpr int kMaxRows = 8;     // weight rows per micro-kernel call
 constexpr int64_t kGroupColumns = kMaxPanels * kWidth;
+// Up to this many pixels past the last full panel (ResNet's 7x7 = 3 x 16 +
+// 1) are dot products of weight rows with the packed pixel columns instead
+// of a panel that would be mostly padding.
+constexpr int64_t kMaxDotColumns = 4;
 
 __mmask16 column_mask(int64_t columns) {
   return columns >= kWidth ? static_cast<__mmask16>(0xffff)
@@ -95,6 +104,76 @@ __attribute__((target("avx512f"))) void pack_columns(const float* x,
   }
 }
 
+// out[i][c] = w[i] . columns[c] (+ bias[i]) for kRows rows and kColumns
+// pixel columns packed contiguously (k floats each): a weight row's
+// 16-element slices are loaded once for all columns, each sum reduced in a
+// fixed order at the end.
+template <int kRows, int kColumns>
+__attribute__((target("avx512f"))) void dot_block(const float* w, int64_t ldw,
+                                                  int64_t k,
+                                                  const float* columns,
+                                                  const float* bias, float* out,
+                                                  int64_t ldo) {
+  __m512 acc[kRows][kColumns];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kColumns; ++c) acc[i][c] = _mm512_setzero_ps();
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kWidth) {
+    const __mmask16 mask = column_mask(k - k0);
+    __m512 x[kColumns];
+#pragma GCC unroll 4
+    for (int c = 0; c < kColumns; ++c) {
+      x[c] = _mm512_maskz_loadu_ps(mask, columns + c * k + k0);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 weights = _mm512_maskz_loadu_ps(mask, w + i * ldw + k0);
+#pragma GCC unroll 4
+      for (int c = 0; c < kColumns; ++c) {
+        acc[i][c] = _mm512_fmadd_ps(weights, x[c], acc[i][c]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kColumns; ++c) {
+      out[i * ldo + c] =
+          _mm512_reduce_add_ps(acc[i][c]) + (bias != nullptr ? bias[i] : 0.0f);
+    }
+  }
+}
+
+using DotBlock = void (*)(const float*, int64_t, int64_t, const float*,
+                          const float*, float*, int64_t);
+
+// Rows [r0, r1) of the last `count` pixel columns (packed in `columns`).
+void dot_rows(const float* w, int64_t ldw, int64_t k, const float* columns,
+              int64_t count, const float* bias, float* out, int64_t ldo,
+              int64_t r0, int64_t r1) {
+  static constexpr DotBlock four_rows[kMaxDotColumns] = {
+      &dot_block<4, 1>, &dot_block<4, 2>, &dot_block<4, 3>, &dot_block<4, 4>};
+  static constexpr DotBlock one_row[kMaxDotColumns] = {
+      &dot_block<1, 1>, &dot_block<1, 2>, &dot_block<1, 3>, &dot_block<1, 4>};
+  for (int64_t r = r0; r < r1;) {
+    const DotBlock kernel =
+        r + 4 <= r1 ? four_rows[count - 1] : one_row[count - 1];
+    kernel(w + r * ldw, ldw, k, columns, bias != nullptr ? bias + r : nullptr,
+           out + r * ldo, ldo);
+    r += r + 4 <= r1 ? 4 : 1;
+  }
+}
+
+// `count` pixel columns of x's k rows, each stored contiguously (k floats).
+void pack_dot_columns(const float* x, int64_t ldx, int64_t k, int64_t count,
+                      float* columns) {
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t c = 0; c < count; ++c) columns[c * k + kk] = x[kk * ldx + c];
+  }
+}
+
 // A thread's panel buffer and the first element of the columns it holds.
 struct PanelBuffer {
   std::vector<float> storage;
@@ -116,7 +195,12 @@ bool channel_gemm_supported() {
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
   static const BlockTable kernels;
-  const int64_t groups = (a.n + kGroupColumns - 1) / kGroupColumns;
+  // Pixels past the last full panel taken by dot products (none when the
+  // image is narrower than one panel or the rest needs a panel anyway).
+  const int64_t dot_columns =
+      a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth : 0;
+  const int64_t panel_columns = a.n - dot_columns;
+  const int64_t groups = (panel_columns + kGroupColumns - 1) / kGroupColumns;
   const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;
   // Few pixel groups (small images) leave threads idle: split the rows too.
   // A thread takes consecutive tasks, so the row chunks of one group mostly
@@ -133,16 +217,21 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
     thread_local PanelBuffer buffer;
     // The buffer may hold another call's panels at the same address.
     buffer.source = nullptr;
-    float* panels = buffer.aligned(a.k * kGroupColumns);
+    float* panels = buffer.aligned(a.k * (kGroupColumns + kMaxDotColumns));
+    float* dot_panel = panels + a.k * kGroupColumns;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / (groups * chunks);
       const int64_t group = t / chunks % groups;
       const int64_t chunk = t % chunks;
       const int64_t n0 = group * kGroupColumns;
-      const int64_t columns = std::min(kGroupColumns, a.n - n0);
+      const int64_t columns = std::min(kGroupColumns, panel_columns - n0);
       const float* x = a.x + image * a.x_image_stride + n0;
+      const bool last_group = group == groups - 1;
       if (buffer.source != x) {
         pack_columns(x, a.ldx, a.k, columns, panels);
+        if (last_group && dot_columns > 0) {
+          pack_dot_columns(x + columns, a.ldx, a.k, dot_columns, dot_panel);
+        }
         buffer.source = x;
       }
       const int64_t np = (columns + kWidth - 1) / kWidth;
@@ -154,6 +243,10 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
             a.w + r * a.ldw, a.ldw, a.k, panels,
             a.bias != nullptr ? a.bias + r : nullptr, out + r * a.ldo, a.ldo,
             columns);
+      }
+      if (last_group && dot_columns > 0) {
+        dot_rows(a.w, a.ldw, a.k, dot_panel, dot_columns, a.bias, out + columns,
+                 a.ldo, chunk * chunk_rows, row_end);
       }
     }
   });
