@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/matmul/PanelTile.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (inside _mm512_reduce_add_ps) as uninitialised.
@@ -38,26 +39,7 @@ __attribute__((target("avx512f"))) void block(const float* w, int64_t ldw,
                                               const float* bias, float* out,
                                               int64_t ldo, int64_t columns) {
   __m512 acc[kRows][kPanels];
-#pragma GCC unroll 8
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 3
-    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
-  for (int64_t kk = 0; kk < k; ++kk) {
-    __m512 x[kPanels];
-#pragma GCC unroll 3
-    for (int j = 0; j < kPanels; ++j) {
-      x[j] = _mm512_load_ps(panels + (j * k + kk) * kWidth);
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < kRows; ++i) {
-      const __m512 weight = _mm512_set1_ps(w[i * ldw + kk]);
-#pragma GCC unroll 3
-      for (int j = 0; j < kPanels; ++j) {
-        acc[i][j] = _mm512_fmadd_ps(weight, x[j], acc[i][j]);
-      }
-    }
-  }
+  accumulate_panel_tile<kRows, kPanels>(w, ldw, k, panels, k * kWidth, acc);
 #pragma GCC unroll 8
   for (int i = 0; i < kRows; ++i) {
     const __m512 b =

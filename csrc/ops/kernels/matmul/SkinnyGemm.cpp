@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/matmul/PanelTile.h"
 
 namespace ember::matmul {
 namespace {
@@ -76,22 +77,8 @@ __attribute__((target("avx512f"))) void block_f32(const float* a, int64_t lda,
                                                   const float* bias, float* c,
                                                   int64_t ldc) {
   __m512 acc[kRows][kPanels];
-  zero_block<kRows, kPanels>(acc);
-  for (int64_t kk = 0; kk < k; ++kk) {
-    __m512 w[kPanels];
-#pragma GCC unroll 4
-    for (int j = 0; j < kPanels; ++j) {
-      w[j] = _mm512_load_ps(run.first + j * run.panel_stride + kk * 16);
-    }
-#pragma GCC unroll 6
-    for (int i = 0; i < kRows; ++i) {
-      const __m512 x = _mm512_set1_ps(a[i * lda + kk]);
-#pragma GCC unroll 4
-      for (int j = 0; j < kPanels; ++j) {
-        acc[i][j] = _mm512_fmadd_ps(x, w[j], acc[i][j]);
-      }
-    }
-  }
+  accumulate_panel_tile<kRows, kPanels>(a, lda, k, run.first, run.panel_stride,
+                                        acc);
   store_block<kRows, kPanels>(acc, bias, c, ldc, run.columns);
 }
 

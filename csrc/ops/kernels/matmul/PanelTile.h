@@ -1,0 +1,40 @@
+// The register tile both panel GEMMs share (SkinnyGemm.cpp, ChannelGemm.cpp):
+// acc[i][j] = sum over k of a[i][k] * panel j's row k, for kRows rows of A
+// (broadcast one element at a time) and kPanels 16-column panels (one zmm
+// per row k). Sums run over k in order. Callers are AVX-512F functions.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace ember::matmul {
+
+template <int kRows, int kPanels>
+__attribute__((target("avx512f"), always_inline)) inline void
+accumulate_panel_tile(const float* a, int64_t lda, int64_t k,
+                      const float* panel0, int64_t panel_stride,
+                      __m512 (&acc)[kRows][kPanels]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) acc[i][j] = _mm512_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    __m512 b[kPanels];
+#pragma GCC unroll 4
+    for (int j = 0; j < kPanels; ++j) {
+      b[j] = _mm512_load_ps(panel0 + j * panel_stride + kk * 16);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i) {
+      const __m512 x = _mm512_set1_ps(a[i * lda + kk]);
+#pragma GCC unroll 4
+      for (int j = 0; j < kPanels; ++j) {
+        acc[i][j] = _mm512_fmadd_ps(x, b[j], acc[i][j]);
+      }
+    }
+  }
+}
+
+}  // namespace ember::matmul
