@@ -133,6 +133,100 @@ def test_launched_ops_equal_synchronous_execution(name, fn):
         assert torch.equal(launched, synchronous), name
 
 
+def _fresh(t):
+    """A new tensor with t's values: never seen before, so never packed."""
+    return t * 1
+
+
+# GEMMs of more than 16 rows (oneDNN, on a packed weight or not) and
+# convolutions (ember's channel GEMM, oneDNN on a packed weight): launched
+# into a result allocated at the call. name -> (fn(x, w, b), launched unit).
+_GEMM_AND_CONV_CASES = {
+    "linear_packed": (lambda x, w, b: F.linear(x, w, b), "aten::addmm (onednn)"),
+    "linear_packed_no_bias": (lambda x, w, b: F.linear(x, w), "aten::addmm (onednn)"),
+    "linear_packed_out": (
+        lambda x, w, b: torch.addmm(b, x, w.t(), out=torch.empty(40, 32, device=x.device)),
+        "aten::addmm (onednn)",
+    ),
+    "linear_skinny_out": (
+        lambda x, w, b: torch.mm(x[:3], w.t(), out=torch.empty(3, 32, device=x.device)),
+        "aten::addmm (skinny)",
+    ),
+    "mm": (lambda x, w, b: x @ _fresh(w).t(), "aten::mm"),
+    "addmm_broadcast_self": (lambda x, w, b: torch.addmm(b, x, _fresh(w).t()), "aten::addmm"),
+    "addmm_beta_alpha": (
+        lambda x, w, b: torch.addmm(b, x, _fresh(w).t(), beta=0.5, alpha=2.0),
+        "aten::addmm",
+    ),
+    "mm_out": (
+        lambda x, w, b: torch.mm(x, _fresh(w).t(), out=torch.empty(0, device=x.device)),
+        "aten::mm.out",
+    ),
+    "bmm": (
+        lambda x, w, b: torch.bmm(x.view(4, 10, 24), _fresh(w).t().expand(4, 24, 32)),
+        "aten::bmm",
+    ),
+    "baddbmm": (
+        lambda x, w, b: torch.baddbmm(b, x.view(4, 10, 24), _fresh(w).t().expand(4, 24, 32)),
+        "aten::baddbmm",
+    ),
+    # convolutions: x [1, 24, 5, 8], w [32, 24, k, k] (k = 1 for conv_1x1, else 3)
+    "conv_1x1": (lambda x, w, b: F.conv2d(x, w, b), "aten::convolution (channel-gemm)"),
+    "conv_3x3": (lambda x, w, b: F.conv2d(x, w, b, padding=1), "aten::convolution (onednn)"),
+    "conv_3x3_stride_2": (
+        lambda x, w, b: F.conv2d(x, w, None, stride=2),
+        "aten::convolution (onednn)",
+    ),
+    "conv_channels_last": (
+        lambda x, w, b: F.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, padding=1),
+        "aten::convolution (onednn)",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_GEMM_AND_CONV_CASES))
+def test_gemms_and_convolutions_are_launched_and_equal_synchronous_execution(name):
+    fn, unit = _GEMM_AND_CONV_CASES[name]
+    torch.manual_seed(0)
+    x = torch.randn(40, 24).to("ember")
+    w = torch.randn(32, 24).to("ember")
+    b = torch.randn(32).to("ember")
+    if name.startswith("conv"):
+        k = 1 if name == "conv_1x1" else 3
+        x = torch.randn(1, 24, 5, 8).to("ember")
+        w = torch.randn(32, 24, k, k).to("ember")
+    fn(x, w, b)  # packs weights on first sight
+    fn(x, w, b)
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    _sleep()
+    begin = time.monotonic()
+    launched = fn(x, w, b)
+    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
+    assert _launched(unit) == 1, torch_ember.launch_stats()
+    torch.backends.ember.async_execution = False
+    synchronous = fn(x, w, b)
+    torch.backends.ember.async_execution = True
+    assert launched.shape == synchronous.shape
+    assert launched.stride() == synchronous.stride()
+    assert torch.equal(launched.cpu(), synchronous.cpu())
+
+
+def test_gemm_argument_errors_are_raised_at_the_call():
+    x = torch.randn(20, 8, device="ember")
+    y = torch.randn(8, 6, device="ember")
+    _sleep(0.05)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        x @ torch.randn(7, 6, device="ember")
+    with pytest.raises(RuntimeError):  # self not broadcastable to 20x6
+        torch.addmm(torch.randn(5, device="ember"), x, y)
+    with pytest.raises(RuntimeError, match="same dtype|to have dtype"):
+        torch.mm(x, y, out=torch.empty(20, 6, dtype=torch.float64, device="ember"))
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x @ y.cpu()
+    torch.testing.assert_close((x @ y).cpu(), x.cpu() @ y.cpu())  # nothing left broken
+
+
 def test_in_place_ops_keep_stream_order():
     x = torch.zeros(5, device="ember")
     _sleep(0.05)

@@ -121,6 +121,46 @@ def test_small_cnn_replays_like_eager():
         assert torch.equal(y.cpu(), net(new.to(DEV)).cpu())
 
 
+def test_launched_gemms_and_convolutions_replay_like_eager():
+    """With asynchronous execution on, GEMMs of more than 16 rows and
+    convolutions are launched work, which the capturing stream records."""
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(
+        torch.nn.Conv2d(4, 8, 1), torch.nn.ReLU(), torch.nn.Conv2d(8, 8, 3, padding=1)
+    )
+    linear = torch.nn.Linear(8, 8)
+    conv, linear = conv.to(DEV).eval(), linear.to(DEV).eval()
+
+    def step(x):
+        h = conv(x).flatten(2).transpose(1, 2).reshape(-1, 8).contiguous()  # 64 rows
+        h = linear(h)
+        return h @ (h.t() * 0.5)  # two activations: the GEMM engine
+
+    previous = torch.backends.ember.async_execution
+    torch.backends.ember.async_execution = True
+    try:
+        x = torch.randn(1, 4, 8, 8, device=DEV)
+        with torch.inference_mode():
+            step(x)  # the weights are packed on their second call
+            g, y = _capture(step, x)
+            stats = torch_ember.launch_stats()
+            for unit in (
+                "aten::convolution (channel-gemm)",
+                "aten::convolution (onednn)",
+                "aten::addmm (onednn)",
+                "aten::mm",
+            ):
+                assert stats.get(unit, {}).get("launched", 0) > 0, (unit, stats)
+            for seed in range(2):
+                new = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(seed))
+                x.copy_(new)
+                g.replay()
+                assert torch.equal(y.cpu(), step(new.to(DEV)).cpu())
+    finally:
+        torch.ember.synchronize()
+        torch.backends.ember.async_execution = previous
+
+
 @pytest.mark.parametrize("layer", ["linear", "conv"])
 def test_a_weight_written_between_replays_is_seen(layer):
     torch.manual_seed(0)

@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -100,6 +101,40 @@ at::Tensor launched(Args... args) {
                      });
   }
   count_launch(op_name<Op>());
+  return out;
+}
+
+// ember's own op work whose result ember allocates before it runs (a GEMM
+// or convolution of known output shape): with asynchronous execution on,
+// `make_out()` gives the result on the device (allocated on the calling
+// thread, or an out= argument) and `kernel(out_alias, args...)` is queued
+// to write it, where it may copy a kernel's fresh result in when the
+// library allocates its own (oneDNN's packed GEMM). Returns nullopt, having
+// done nothing, where the call runs at the call instead: asynchronous
+// execution off, or a host tensor argument the kernel would read later.
+// `name` (static storage) names the work in launch_stats() and errors.
+template <class MakeOut, class Kernel, class... Args>
+std::optional<at::Tensor> launch_into(const std::string& name,
+                                      MakeOut&& make_out, Kernel kernel,
+                                      const Args&... args) {
+  if (!launch_async()) return std::nullopt;
+  at::Tensor out;
+  {
+    DelegationCall call(name, /*accepts_cpu_tensors=*/false);
+    bool launchable = true;
+    std::tuple<kept_t<Args>...> kept{keep(call, args, launchable)...};
+    call.settle();
+    if (!launchable) return std::nullopt;
+    out = make_out();
+    launch_on_device(
+        call.device(), name.c_str(),
+        [kept = std::move(kept), kernel = std::move(kernel),
+         out_cpu = cpu_alias(out)] {
+          std::apply([&](const auto&... a) { kernel(out_cpu, use(a)...); },
+                     kept);
+        });
+  }
+  count_launch(name);
   return out;
 }
 

@@ -25,6 +25,7 @@
 #include "flags/BackendFlags.h"
 #include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
@@ -211,6 +212,19 @@ at::Tensor convolution_pointwise(const at::Tensor& input,
   return stack.back().toTensor();
 }
 
+// The result's sizes (N, Cout, Hout, Wout) of a 2-D convolution.
+std::vector<int64_t> output_sizes(const at::Tensor& input,
+                                  const at::Tensor& weight,
+                                  const ConvParams& p) {
+  std::vector<int64_t> sizes{input.size(0), weight.size(0)};
+  for (int d = 0; d < 2; ++d) {
+    const int64_t extent = p.dilation[d] * (weight.size(2 + d) - 1) + 1;
+    sizes.push_back(
+        (input.size(2 + d) + 2 * p.padding[d] - extent) / p.stride[d] + 1);
+  }
+  return sizes;
+}
+
 // oneDNN on the weight's pack, or nullopt when the weight has no pack yet
 // (it is packed when it comes back unchanged). The output's memory format is
 // CPU's: NCHW for an NCHW input, channels-last for a channels-last one.
@@ -228,6 +242,12 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   const bool channels_last =
       input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
       weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
+  const std::vector<int64_t> sizes = output_sizes(input, weight, p);
+  // An empty or negative output size: CPU's convolution raises its error.
+  if (std::any_of(sizes.begin(), sizes.end(),
+                  [](int64_t size) { return size <= 0; })) {
+    return std::nullopt;
+  }
   const std::vector<int64_t> input_size = input.sizes().vec();
   const auto packed = matmul::packed_onednn_weight(
       weight, matmul::PackKind::kOneDnnConv,
@@ -238,40 +258,67 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
             p.padding, p.stride, p.dilation, p.groups, input_size);
       });
   if (!packed) return std::nullopt;
-  at::Tensor out = unboxed::custom<at::Tensor>(
-      "aten::convolution",
-      unboxed::replayable([channels_last, packed, p,
-                           watched = capture::WatchedWeight::of(weight)](
-                              const at::Tensor& x,
-                              const std::optional<at::Tensor>& b) {
-        if (watched.written_since()) [[unlikely]] {
-          // A replay after the weight was written: CPU's kernel on it.
-          return at::convolution(x, watched.weight_cpu, b, p.stride, p.padding,
-                                 p.dilation, false, {0, 0}, p.groups);
-        }
-        // The pointwise op is oneDNN's channels-last route.
-        at::Tensor x_in = x;
-        if (!channels_last && x.is_contiguous()) {
-          // oneDNN's own re-layout of an NCHW input is ATen's strided copy.
-          x_in = at::empty_strided(x.sizes(),
-                                   {x.size(1) * x.size(2) * x.size(3), 1,
-                                    x.size(3) * x.size(1), x.size(1)},
-                                   x.options());
-          contiguous_to_channels_last(x.const_data_ptr<float>(),
-                                      x_in.mutable_data_ptr<float>(), x.size(0),
-                                      x.size(1), x.size(2) * x.size(3));
-        }
-        at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p);
-        if (channels_last) return result;
-        at::Tensor nchw = at::empty(result.sizes(), result.options());
-        channels_last_to_contiguous(
-            result.const_data_ptr<float>(), nchw.mutable_data_ptr<float>(),
-            result.size(0), result.size(1), result.size(2) * result.size(3));
-        return nchw;
-      }),
+  // oneDNN on the pack into `out` (the layout `fresh` would have), or a
+  // fresh result where `out` is undefined.
+  const auto compute = [channels_last, packed, p,
+                        watched = capture::WatchedWeight::of(weight)](
+                           const at::Tensor& out, const at::Tensor& x,
+                           const std::optional<at::Tensor>& b) -> at::Tensor {
+    if (watched.written_since()) [[unlikely]] {
+      // A replay after the weight was written: CPU's kernel on it.
+      at::Tensor result =
+          at::convolution(x, watched.weight_cpu, b, p.stride, p.padding,
+                          p.dilation, false, {0, 0}, p.groups);
+      return out.defined() ? const_cast<at::Tensor&>(out).copy_(result)
+                           : result;
+    }
+    // The pointwise op is oneDNN's channels-last route.
+    at::Tensor x_in = x;
+    if (!channels_last && x.is_contiguous()) {
+      // oneDNN's own re-layout of an NCHW input is ATen's strided copy.
+      x_in = at::empty_strided(x.sizes(),
+                               {x.size(1) * x.size(2) * x.size(3), 1,
+                                x.size(3) * x.size(1), x.size(1)},
+                               x.options());
+      contiguous_to_channels_last(x.const_data_ptr<float>(),
+                                  x_in.mutable_data_ptr<float>(), x.size(0),
+                                  x.size(1), x.size(2) * x.size(3));
+    }
+    at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p);
+    if (channels_last) {
+      return out.defined() ? const_cast<at::Tensor&>(out).copy_(result)
+                           : result;
+    }
+    at::Tensor nchw =
+        out.defined() ? out : at::empty(result.sizes(), result.options());
+    channels_last_to_contiguous(
+        result.const_data_ptr<float>(), nchw.mutable_data_ptr<float>(),
+        result.size(0), result.size(1), result.size(2) * result.size(3));
+    return nchw;
+  };
+  static const std::string launched_name = "aten::convolution (onednn)";
+  std::optional<at::Tensor> out = unboxed::launch_into(
+      launched_name,
+      [&] {
+        return channels_last
+                   ? at::empty(sizes, input.options().memory_format(
+                                          at::MemoryFormat::ChannelsLast))
+                   : at::empty(sizes, input.options());
+      },
+      [compute](const at::Tensor& o, const at::Tensor& x,
+                const std::optional<at::Tensor>& b) { compute(o, x, b); },
       input, bias);
+  if (!out) {
+    out = unboxed::custom<at::Tensor>(
+        "aten::convolution",
+        unboxed::replayable(
+            [compute](const at::Tensor& x, const std::optional<at::Tensor>& b) {
+              return compute(at::Tensor(), x, b);
+            }),
+        input, bias);
+  }
   observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
-  return out;
+  return *std::move(out);
 }
 
 // A 1x1, stride-1, unpadded convolution of a contiguous NCHW input with a
@@ -292,36 +339,53 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
          input.suggest_memory_format() == at::MemoryFormat::Contiguous;
 }
 
+void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
+                       const at::Tensor& w,
+                       const std::optional<at::Tensor>& b) {
+  const int64_t pixels = x.size(2) * x.size(3);
+  matmul::ChannelGemmArgs args;
+  args.w = w.const_data_ptr<float>();
+  args.ldw = w.size(1);
+  args.x = x.const_data_ptr<float>();
+  args.ldx = pixels;
+  args.x_image_stride = x.size(1) * pixels;
+  args.bias =
+      b.has_value() && b->defined() ? b->const_data_ptr<float>() : nullptr;
+  args.out = const_cast<at::Tensor&>(out).mutable_data_ptr<float>();
+  args.ldo = pixels;
+  args.out_image_stride = w.size(0) * pixels;
+  args.m = w.size(0);
+  args.k = w.size(1);
+  args.n = pixels;
+  args.images = x.size(0);
+  matmul::channel_gemm_f32(args);
+}
+
 at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias) {
-  at::Tensor out = unboxed::custom<at::Tensor>(
-      "aten::convolution",
-      unboxed::replayable([](const at::Tensor& x, const at::Tensor& w,
-                             const std::optional<at::Tensor>& b) {
-        const int64_t pixels = x.size(2) * x.size(3);
-        at::Tensor result = at::empty(
-            {x.size(0), w.size(0), x.size(2), x.size(3)}, x.options());
-        matmul::ChannelGemmArgs args;
-        args.w = w.const_data_ptr<float>();
-        args.ldw = w.size(1);
-        args.x = x.const_data_ptr<float>();
-        args.ldx = pixels;
-        args.x_image_stride = x.size(1) * pixels;
-        args.bias = b.has_value() && b->defined() ? b->const_data_ptr<float>()
-                                                  : nullptr;
-        args.out = result.mutable_data_ptr<float>();
-        args.ldo = pixels;
-        args.out_image_stride = w.size(0) * pixels;
-        args.m = w.size(0);
-        args.k = w.size(1);
-        args.n = pixels;
-        args.images = x.size(0);
-        matmul::channel_gemm_f32(args);
-        return result;
-      }),
-      input, weight, bias);
+  static const std::string launched_name = "aten::convolution (channel-gemm)";
+  std::optional<at::Tensor> out = unboxed::launch_into(
+      launched_name,
+      [&] {
+        return at::empty(
+            {input.size(0), weight.size(0), input.size(2), input.size(3)},
+            input.options());
+      },
+      channel_gemm_into, input, weight, bias);
+  if (!out) {
+    out = unboxed::custom<at::Tensor>(
+        "aten::convolution",
+        unboxed::replayable([](const at::Tensor& x, const at::Tensor& w,
+                               const std::optional<at::Tensor>& b) {
+          at::Tensor result = at::empty(
+              {x.size(0), w.size(0), x.size(2), x.size(3)}, x.options());
+          channel_gemm_into(result, x, w, b);
+          return result;
+        }),
+        input, weight, bias);
+  }
   observe::mark_path(observe::ExecutionPath::kNative, "channel-gemm");
-  return out;
+  return *std::move(out);
 }
 
 std::vector<int64_t> concrete(c10::SymIntArrayRef values) {

@@ -14,7 +14,7 @@
 #include "observe/ExecutionPath.h"
 #include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
-#include "ops/LaunchStats.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
@@ -85,6 +85,7 @@ at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
 // The route a call takes, decided before anything runs.
 struct Plan {
   std::optional<at::Tensor> bias;
+  int64_t cols = 0;  // of the result (b's columns)
   std::shared_ptr<const PackedWeight> packed;
   bool bf16 = false;  // fp32 operands computed in bf16 ("medium")
   // Set when a graph captures the call: a replay that finds the weight
@@ -140,6 +141,7 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     return std::nullopt;
   }
   Plan plan;
+  plan.cols = b.size(1);
   if (self.defined() && beta.toDouble() != 0.0) {
     plan.bias = row_bias(self, b.size(1), device, dtype);
     if (!plan.bias || beta.toDouble() != 1.0) return std::nullopt;
@@ -171,11 +173,13 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
   return plan;
 }
 
-// The skinny kernel into `out` (rows of unit stride, row stride ldc).
-void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
+// The skinny kernel into `out` (rows of unit stride, row stride ldc); `bias`
+// is the plan's, as a tensor the caller may read (ember or its CPU alias).
+void run_skinny(const Plan& plan, const at::Tensor& a,
+                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
   if (plan.watched.written_since()) [[unlikely]] {
-    const_cast<at::Tensor&>(out).copy_(unpacked_linear(
-        a, plan.watched.weight_cpu, plan.bias, Epilogue::kNone));
+    const_cast<at::Tensor&>(out).copy_(
+        unpacked_linear(a, plan.watched.weight_cpu, bias, Epilogue::kNone));
     return;
   }
   if (a.scalar_type() == at::kBFloat16) {
@@ -183,54 +187,107 @@ void run_skinny(const Plan& plan, const at::Tensor& a, const at::Tensor& out) {
       return static_cast<const uint16_t*>(t.const_data_ptr());
     };
     skinny_gemm_bf16(bits(a), a.stride(0), a.size(0), plan.packed->bf16(),
-                     plan.bias ? bits(*plan.bias) : nullptr,
+                     bias ? bits(*bias) : nullptr,
                      static_cast<uint16_t*>(out.mutable_data_ptr()),
                      out.stride(0));
     observe::mark_path(observe::ExecutionPath::kNative, "skinny/bf16-packed");
     return;
   }
-  const float* bias = plan.bias ? plan.bias->const_data_ptr<float>() : nullptr;
+  const float* bias_f32 = bias ? bias->const_data_ptr<float>() : nullptr;
   float* c = out.mutable_data_ptr<float>();
   if (plan.bf16) {
     skinny_gemm_bf16(a.const_data_ptr<float>(), a.stride(0), a.size(0),
-                     plan.packed->bf16(), bias, c, out.stride(0));
+                     plan.packed->bf16(), bias_f32, c, out.stride(0));
   } else {
     skinny_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
-                    plan.packed->f32(), bias, c, out.stride(0));
+                    plan.packed->f32(), bias_f32, c, out.stride(0));
   }
   observe::mark_path(observe::ExecutionPath::kNative,
                      plan.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
 }
 
-at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
-                      Epilogue epilogue = Epilogue::kNone) {
-  const bool bf16 = plan.packed->kind == PackKind::kOneDnnBf16;
+// bias + a @ the packed weight (+ epilogue) by oneDNN on CPU tensors, as a
+// fresh tensor (oneDNN's packed matmul allocates its result).
+at::Tensor onednn_product(const Plan& plan, Epilogue epilogue,
+                          const at::Tensor& a,
+                          const std::optional<at::Tensor>& bias) {
+  if (plan.watched.written_since()) [[unlikely]] {
+    return unpacked_linear(a, plan.watched.weight_cpu, bias, epilogue);
+  }
   // fp32 operands on a bf16 pack: "medium" precision.
-  const bool medium = bf16 && a.scalar_type() == at::kFloat;
-  at::Tensor out = unboxed::custom<at::Tensor>(
-      "aten::addmm",
-      unboxed::replayable([plan, medium, epilogue](
-                              const at::Tensor& ca,
-                              const std::optional<at::Tensor>& cbias) {
-        if (plan.watched.written_since()) [[unlikely]] {
-          return unpacked_linear(ca, plan.watched.weight_cpu, cbias, epilogue);
-        }
-        if (!medium) return onednn_linear(ca, *plan.packed, cbias, epilogue);
-        // "medium": bf16 operands, fp32 accumulation; the result comes back
-        // in bf16 (as ATen's bf16 GEMM gives it) and the bias is added in
-        // fp32.
-        at::Tensor result =
-            onednn_linear(ca.to(at::kBFloat16), *plan.packed, std::nullopt)
-                .to(at::kFloat);
-        if (cbias) result.add_(*cbias);
-        return result;
-      }),
-      a, plan.bias);
+  const bool medium = plan.packed->kind == PackKind::kOneDnnBf16 &&
+                      a.scalar_type() == at::kFloat;
+  if (!medium) return onednn_linear(a, *plan.packed, bias, epilogue);
+  // "medium": bf16 operands, fp32 accumulation; the result comes back in
+  // bf16 (as ATen's bf16 GEMM gives it) and the bias is added in fp32.
+  at::Tensor result =
+      onednn_linear(a.to(at::kBFloat16), *plan.packed, std::nullopt)
+          .to(at::kFloat);
+  if (bias) result.add_(*bias);
+  return result;
+}
+
+const std::string& onednn_launch_name() {
+  static const std::string name = "aten::addmm (onednn)";
+  return name;
+}
+const std::string& skinny_launch_name() {
+  static const std::string name = "aten::addmm (skinny)";
+  return name;
+}
+
+// Launched, the product is copied into the result allocated at the call.
+void onednn_product_into(const Plan& plan, Epilogue epilogue,
+                         const at::Tensor& out, const at::Tensor& a,
+                         const std::optional<at::Tensor>& bias) {
+  const_cast<at::Tensor&>(out).copy_(onednn_product(plan, epilogue, a, bias));
+}
+
+void mark_onednn_path(const Plan& plan, Epilogue epilogue) {
   observe::mark_path(observe::ExecutionPath::kNative,
-                     bf16                          ? "onednn/bf16-packed"
+                     plan.packed->kind == PackKind::kOneDnnBf16
+                         ? "onednn/bf16-packed"
                      : epilogue != Epilogue::kNone ? "onednn/packed+epilogue"
                                                    : "onednn/packed");
-  return out;
+}
+
+at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
+                      Epilogue epilogue = Epilogue::kNone) {
+  std::optional<at::Tensor> out = unboxed::launch_into(
+      onednn_launch_name(),
+      [&] {
+        return at::empty({a.size(0), plan.cols}, a.options());
+      },
+      [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
+                       const std::optional<at::Tensor>& cbias) {
+        onednn_product_into(plan, epilogue, o, ca, cbias);
+      },
+      a, plan.bias);
+  if (!out) {
+    out = unboxed::custom<at::Tensor>(
+        "aten::addmm",
+        unboxed::replayable(
+            [plan, epilogue](const at::Tensor& ca,
+                             const std::optional<at::Tensor>& cbias) {
+              return onednn_product(plan, epilogue, ca, cbias);
+            }),
+        a, plan.bias);
+  }
+  mark_onednn_path(plan, epilogue);
+  return *std::move(out);
+}
+
+// The skinny kernel, launched where asynchronous execution is on.
+template <class MakeOut>
+std::optional<at::Tensor> launch_skinny(const Plan& plan, const at::Tensor& a,
+                                        MakeOut&& make_out) {
+  return unboxed::launch_into(
+      skinny_launch_name(), std::forward<MakeOut>(make_out),
+      [plan](const at::Tensor& o, const at::Tensor& ca,
+             const std::optional<at::Tensor>& cbias) {
+        run_skinny(plan, ca, cbias, o);
+      },
+      a, plan.bias);
 }
 
 }  // namespace
@@ -257,35 +314,27 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return std::nullopt;
   if (route->packed->onednn.defined()) return run_onednn(*route, a);
-  const c10::DeviceIndex device = a.device().index();
-  at::Tensor out;
-  if (launch_async()) {
-    // The skinny kernel reads and writes raw memory: the launched work
-    // keeps CPU aliases (they hold the ember storages) and the pack.
-    out = at::empty({a.size(0), b.size(1)}, a.options());
-    Plan kept = *route;
-    if (kept.bias) kept.bias = cpu_alias(*kept.bias);
-    observe::mark_path(observe::ExecutionPath::kNative,
-                       kept.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
-    launch_on_device(
-        device, "aten::addmm (skinny)",
-        [kept = std::move(kept), a_cpu = cpu_alias(a),
-         out_cpu = cpu_alias(out)] { run_skinny(kept, a_cpu, out_cpu); });
-    static const std::string name = "aten::addmm (skinny)";
-    count_launch(name);
-    return out;
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     route->bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
+  if (auto launched = launch_skinny(*route, a, [&] {
+        return at::empty({a.size(0), route->cols}, a.options());
+      })) {
+    return launched;
   }
+  at::Tensor out;
   run_on_device_recorded(
-      device, "aten::addmm (skinny)",
+      a.device().index(), skinny_launch_name(),
       [&] {
-        out = at::empty({a.size(0), b.size(1)}, a.options());
-        run_skinny(*route, a, out);
+        out = at::empty({a.size(0), route->cols}, a.options());
+        run_skinny(*route, a, route->bias, out);
       },
       [&] {
-        Plan kept = *route;
-        if (kept.bias) kept.bias = cpu_alias(*kept.bias);
-        return [kept = std::move(kept), a_cpu = cpu_alias(a),
-                out_cpu = cpu_alias(out)] { run_skinny(kept, a_cpu, out_cpu); };
+        std::optional<at::Tensor> bias;
+        if (route->bias) bias = cpu_alias(*route->bias);
+        return [plan = *route, bias = std::move(bias), a_cpu = cpu_alias(a),
+                out_cpu = cpu_alias(out)] {
+          run_skinny(plan, a_cpu, bias, out_cpu);
+        };
       });
   return out;
 }
@@ -307,12 +356,27 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   if (capture::underway()) return false;  // the general route records
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return false;
+  const c10::DeviceIndex device = a.device().index();
   if (route->packed->onednn.defined()) {
-    const at::Tensor result = run_onednn(*route, a);
-    run_on_device(a.device().index(),
-                  [&] { const_cast<at::Tensor&>(out).copy_(result); });
-  } else {
-    run_on_device(a.device().index(), [&] { run_skinny(*route, a, out); });
+    const Plan& plan = *route;
+    const bool launched =
+        unboxed::launch_into(
+            onednn_launch_name(), [&] { return out; },
+            [plan](const at::Tensor& o, const at::Tensor& ca,
+                   const std::optional<at::Tensor>& cbias) {
+              onednn_product_into(plan, Epilogue::kNone, o, ca, cbias);
+            },
+            a, plan.bias)
+            .has_value();
+    if (launched) {
+      mark_onednn_path(plan, Epilogue::kNone);
+    } else {
+      const at::Tensor result = run_onednn(plan, a);
+      run_on_device(device,
+                    [&] { const_cast<at::Tensor&>(out).copy_(result); });
+    }
+  } else if (!launch_skinny(*route, a, [&] { return out; })) {
+    run_on_device(device, [&] { run_skinny(*route, a, route->bias, out); });
   }
   return true;
 }
