@@ -212,6 +212,47 @@ def test_gemms_and_convolutions_are_launched_and_equal_synchronous_execution(nam
     assert torch.equal(launched.cpu(), synchronous.cpu())
 
 
+@pytest.mark.parametrize(
+    "name, unit",
+    [
+        ("batch_norm", "aten::native_batch_norm"),
+        ("batch_norm_channels_last", "aten::native_batch_norm"),
+        ("max_pool", "aten::max_pool2d_with_indices"),
+        ("max_pool_with_indices", "aten::max_pool2d_with_indices"),
+    ],
+)
+def test_inference_batch_norm_and_max_pool_are_launched(name, unit):
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 9, 11).to("ember")
+    if name.endswith("channels_last"):
+        x = x.contiguous(memory_format=torch.channels_last)
+    mean, var = torch.randn(6).to("ember"), torch.rand(6).add(0.5).to("ember")
+    weight, bias = torch.randn(6).to("ember"), torch.randn(6).to("ember")
+
+    def fn():
+        if name.startswith("batch_norm"):
+            return F.batch_norm(x, mean, var, weight, bias, training=False)
+        out = F.max_pool2d(x, 3, 2, 1, return_indices=name.endswith("indices"))
+        return out if isinstance(out, tuple) else (out,)
+
+    torch_ember.reset_launch_stats()
+    _sleep()
+    begin = time.monotonic()
+    launched = fn()
+    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
+    assert _launched(unit) == 1, torch_ember.launch_stats()
+    torch.backends.ember.async_execution = False
+    synchronous = fn()
+    torch.backends.ember.async_execution = True
+    for a, b in (
+        zip(launched, synchronous, strict=True)
+        if isinstance(launched, tuple)
+        else [(launched, synchronous)]
+    ):
+        assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+        assert torch.equal(a.cpu(), b.cpu())
+
+
 def test_gemm_argument_errors_are_raised_at_the_call():
     x = torch.randn(20, 8, device="ember")
     y = torch.randn(8, 6, device="ember")

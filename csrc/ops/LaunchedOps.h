@@ -104,21 +104,33 @@ at::Tensor launched(Args... args) {
   return out;
 }
 
-// ember's own op work whose result ember allocates before it runs (a GEMM
-// or convolution of known output shape): with asynchronous execution on,
-// `make_out()` gives the result on the device (allocated on the calling
-// thread, or an out= argument) and `kernel(out_alias, args...)` is queued
-// to write it, where it may copy a kernel's fresh result in when the
-// library allocates its own (oneDNN's packed GEMM). Returns nullopt, having
-// done nothing, where the call runs at the call instead: asynchronous
-// execution off, or a host tensor argument the kernel would read later.
-// `name` (static storage) names the work in launch_stats() and errors.
+// The CPU aliases of a result (one tensor, or a tuple of them).
+inline at::Tensor cpu_aliases(const at::Tensor& t) { return cpu_alias(t); }
+template <class... Ts>
+std::tuple<Ts...> cpu_aliases(const std::tuple<Ts...>& t) {
+  return std::apply(
+      [](const auto&... items) {
+        return std::tuple<Ts...>(cpu_alias(items)...);
+      },
+      t);
+}
+
+// ember's own op work whose results ember allocates before it runs (a GEMM,
+// a convolution, a norm or pooling of known output shape): with
+// asynchronous execution on, `make_out()` gives the result on the device
+// (allocated on the calling thread, or an out= argument; a tensor or a
+// tuple of them) and `kernel(out_aliases, args...)` is queued to write it,
+// where it may copy a kernel's fresh result in when the library allocates
+// its own (oneDNN's packed GEMM). Returns nullopt, having done nothing,
+// where the call runs at the call instead: asynchronous execution off, or a
+// host tensor argument the kernel would read later. `name` (static storage)
+// names the work in launch_stats() and errors.
 template <class MakeOut, class Kernel, class... Args>
-std::optional<at::Tensor> launch_into(const std::string& name,
-                                      MakeOut&& make_out, Kernel kernel,
-                                      const Args&... args) {
+auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
+                 const Args&... args)
+    -> std::optional<std::decay_t<decltype(make_out())>> {
   if (!launch_async()) return std::nullopt;
-  at::Tensor out;
+  std::decay_t<decltype(make_out())> out;
   {
     DelegationCall call(name, /*accepts_cpu_tensors=*/false);
     bool launchable = true;
@@ -129,7 +141,7 @@ std::optional<at::Tensor> launch_into(const std::string& name,
     launch_on_device(
         call.device(), name.c_str(),
         [kept = std::move(kept), kernel = std::move(kernel),
-         out_cpu = cpu_alias(out)] {
+         out_cpu = cpu_aliases(out)] {
           std::apply([&](const auto&... a) { kernel(out_cpu, use(a)...); },
                      kept);
         });

@@ -18,6 +18,7 @@
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/elementwise/ChannelAffine.h"
 #include "ops/kernels/elementwise/VectorMath.h"
@@ -94,38 +95,59 @@ Result native_batch_norm(T input, OptT weight, OptT bias, OptT running_mean,
                                double>(input, weight, bias, running_mean,
                                        running_var, training, momentum, eps);
   }
-  Result result = unboxed::custom<Result>(
-      "aten::native_batch_norm",
-      unboxed::replayable(
-          [rows = *layout == Layout::kRows, epsilon = static_cast<float>(eps)](
-              const at::Tensor& x, const std::optional<at::Tensor>& w,
-              const std::optional<at::Tensor>& b,
-              const std::optional<at::Tensor>& mean,
-              const std::optional<at::Tensor>& var) {
-            const int64_t channels = x.size(1);
-            std::vector<float> scale(static_cast<size_t>(channels)),
-                shift(static_cast<size_t>(channels));
-            fold(mean->const_data_ptr<float>(), var->const_data_ptr<float>(),
-                 data_or_null(w), data_or_null(b), epsilon, channels,
-                 scale.data(), shift.data());
-            at::Tensor out = at::empty(x.sizes(), x.options(),
-                                       rows ? at::MemoryFormat::ChannelsLast
-                                            : at::MemoryFormat::Contiguous);
-            if (rows) {
-              channel_affine_rows_f32(
-                  x.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
-                  x.numel() / channels, channels, scale.data(), shift.data());
-            } else {
-              channel_affine_planes_f32(
-                  x.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
-                  x.size(0), channels, x.numel() / (x.size(0) * channels),
-                  scale.data(), shift.data());
-            }
-            // In inference CPU returns no saved statistics: empty tensors.
-            return std::make_tuple(out, at::empty({0}, x.options()),
-                                   at::empty({0}, x.options()));
-          }),
-      input, weight, bias, running_mean, running_var);
+  const bool rows = *layout == Layout::kRows;
+  const auto normalize_into = [rows, epsilon = static_cast<float>(eps)](
+                                  const at::Tensor& out, const at::Tensor& x,
+                                  const std::optional<at::Tensor>& w,
+                                  const std::optional<at::Tensor>& b,
+                                  const std::optional<at::Tensor>& mean,
+                                  const std::optional<at::Tensor>& var) {
+    const int64_t channels = x.size(1);
+    std::vector<float> scale(static_cast<size_t>(channels)),
+        shift(static_cast<size_t>(channels));
+    fold(mean->const_data_ptr<float>(), var->const_data_ptr<float>(),
+         data_or_null(w), data_or_null(b), epsilon, channels, scale.data(),
+         shift.data());
+    float* y = const_cast<at::Tensor&>(out).mutable_data_ptr<float>();
+    if (rows) {
+      channel_affine_rows_f32(x.const_data_ptr<float>(), y,
+                              x.numel() / channels, channels, scale.data(),
+                              shift.data());
+    } else {
+      channel_affine_planes_f32(x.const_data_ptr<float>(), y, x.size(0),
+                                channels, x.numel() / (x.size(0) * channels),
+                                scale.data(), shift.data());
+    }
+  };
+  const auto empty_result = [rows](const at::Tensor& like) {
+    return at::empty(
+        like.sizes(), like.options(),
+        rows ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+  };
+  // In inference CPU returns no saved statistics: empty tensors.
+  const auto with_statistics = [](const at::Tensor& out) {
+    return std::make_tuple(out, at::empty({0}, out.options()),
+                           at::empty({0}, out.options()));
+  };
+  static const std::string launched_name = "aten::native_batch_norm";
+  std::optional<at::Tensor> out = unboxed::launch_into(
+      launched_name, [&] { return empty_result(input); }, normalize_into, input,
+      weight, bias, running_mean, running_var);
+  Result result =
+      out ? with_statistics(*out)
+          : unboxed::custom<Result>(
+                "aten::native_batch_norm",
+                unboxed::replayable(
+                    [normalize_into, empty_result, with_statistics](
+                        const at::Tensor& x, const std::optional<at::Tensor>& w,
+                        const std::optional<at::Tensor>& b,
+                        const std::optional<at::Tensor>& mean,
+                        const std::optional<at::Tensor>& var) {
+                      at::Tensor y = empty_result(x);
+                      normalize_into(y, x, w, b, mean, var);
+                      return with_statistics(y);
+                    }),
+                input, weight, bias, running_mean, running_var);
   observe::mark_path(observe::ExecutionPath::kNative, "ember/batch_norm");
   return result;
 }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
@@ -132,17 +133,7 @@ void vector_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
 }
 
 // A float buffer aligned to 64 bytes (the panel kernel's aligned loads).
-class AlignedFloats {
- public:
-  float* resize(int64_t n) {
-    storage_.resize(static_cast<size_t>(n + 16));
-    const auto address = reinterpret_cast<uintptr_t>(storage_.data());
-    return storage_.data() + ((64 - address % 64) % 64) / sizeof(float);
-  }
-
- private:
-  std::vector<float> storage_;
-};
+using kernels::AlignedFloats;
 
 // K^T (dim x keys) as panels of 16 keys: panel p is [dim][16], zero past
 // the last key. Full 16 x 16 tiles are transposed in registers.

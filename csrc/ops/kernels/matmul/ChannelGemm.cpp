@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/matmul/PanelTile.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
@@ -25,11 +26,6 @@ constexpr int64_t kGroupColumns = kMaxPanels * kWidth;
 // 1) are dot products of weight rows with the packed pixel columns instead
 // of a panel that would be mostly padding.
 constexpr int64_t kMaxDotColumns = 4;
-
-__mmask16 column_mask(int64_t columns) {
-  return columns >= kWidth ? static_cast<__mmask16>(0xffff)
-                           : static_cast<__mmask16>((1u << columns) - 1u);
-}
 
 // kRows x (kPanels * 16) outputs: per k, kPanels panel loads and kRows
 // weight broadcasts feed kRows * kPanels FMAs (8 x 3 = 24 accumulators).
@@ -158,14 +154,8 @@ void pack_dot_columns(const float* x, int64_t ldx, int64_t k, int64_t count,
 
 // A thread's panel buffer and the first element of the columns it holds.
 struct PanelBuffer {
-  std::vector<float> storage;
+  kernels::AlignedFloats storage;
   const float* source = nullptr;
-
-  float* aligned(int64_t floats) {
-    storage.resize(static_cast<size_t>(floats + kWidth));
-    const auto address = reinterpret_cast<uintptr_t>(storage.data());
-    return storage.data() + ((64 - address % 64) % 64) / sizeof(float);
-  }
 };
 
 }  // namespace
@@ -199,7 +189,8 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
     thread_local PanelBuffer buffer;
     // The buffer may hold another call's panels at the same address.
     buffer.source = nullptr;
-    float* panels = buffer.aligned(a.k * (kGroupColumns + kMaxDotColumns));
+    float* panels =
+        buffer.storage.resize(a.k * (kGroupColumns + kMaxDotColumns));
     float* dot_panel = panels + a.k * kGroupColumns;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / (groups * chunks);

@@ -10,6 +10,13 @@
 
 namespace ember::matmul {
 
+// The lanes of a 16-column panel that hold real columns (`columns` of them,
+// all 16 from 16 on): the mask of a tail panel's loads and stores.
+inline __mmask16 column_mask(int64_t columns) {
+  return columns >= 16 ? static_cast<__mmask16>(0xffff)
+                       : static_cast<__mmask16>((1u << columns) - 1u);
+}
+
 template <int kRows, int kPanels>
 __attribute__((target("avx512f"), always_inline)) inline void
 accumulate_panel_tile(const float* a, int64_t lda, int64_t k,

@@ -36,11 +36,6 @@ struct PanelRun {
   int64_t columns;
 };
 
-__mmask16 column_mask(int64_t columns) {
-  return columns >= 16 ? static_cast<__mmask16>(0xffff)
-                       : static_cast<__mmask16>((1u << columns) - 1u);
-}
-
 template <int kRows, int kPanels>
 __attribute__((target("avx512f"))) inline void zero_block(
     __m512 (&acc)[kRows][kPanels]) {

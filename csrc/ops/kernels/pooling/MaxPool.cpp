@@ -10,6 +10,7 @@
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/pooling/MaxPoolKernel.h"
@@ -98,22 +99,35 @@ std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(
                                c10::IntArrayRef, bool>(
         self, kernel_size, stride, padding, dilation, ceil_mode);
   }
-  auto result = unboxed::custom<std::tuple<at::Tensor, at::Tensor>>(
-      "aten::max_pool2d_with_indices",
-      unboxed::replayable([pool = *p](const at::Tensor& x) {
-        std::vector<int64_t> sizes = x.sizes().vec();
-        sizes[sizes.size() - 2] = pool.out_height;
-        sizes[sizes.size() - 1] = pool.out_width;
-        at::Tensor out = at::empty(sizes, x.options());
-        at::Tensor indices = at::empty(sizes, x.options().dtype(at::kLong));
-        pooling::max_pool2d_forward(pool, x.const_data_ptr<float>(),
-                                    out.mutable_data_ptr<float>(),
-                                    indices.mutable_data_ptr<int64_t>());
-        return std::make_tuple(out, indices);
-      }),
-      self);
+  using Outs = std::tuple<at::Tensor, at::Tensor>;  // values, indices
+  std::vector<int64_t> sizes = self.sizes().vec();
+  sizes[sizes.size() - 2] = p->out_height;
+  sizes[sizes.size() - 1] = p->out_width;
+  const auto empty_outs = [sizes](const at::Tensor& like) {
+    return Outs(at::empty(sizes, like.options()),
+                at::empty(sizes, like.options().dtype(at::kLong)));
+  };
+  const auto pool_into = [pool = *p](const Outs& outs, const at::Tensor& x) {
+    pooling::max_pool2d_forward(
+        pool, x.const_data_ptr<float>(),
+        const_cast<at::Tensor&>(std::get<0>(outs)).mutable_data_ptr<float>(),
+        const_cast<at::Tensor&>(std::get<1>(outs)).mutable_data_ptr<int64_t>());
+  };
+  static const std::string launched_name = "aten::max_pool2d_with_indices";
+  std::optional<Outs> result = unboxed::launch_into(
+      launched_name, [&] { return empty_outs(self); }, pool_into, self);
+  if (!result) {
+    result = unboxed::custom<Outs>(
+        "aten::max_pool2d_with_indices",
+        unboxed::replayable([empty_outs, pool_into](const at::Tensor& x) {
+          Outs outs = empty_outs(x);
+          pool_into(outs, x);
+          return outs;
+        }),
+        self);
+  }
   observe::mark_path(observe::ExecutionPath::kNative, "ember/max_pool2d");
-  return result;
+  return *std::move(result);
 }
 
 }  // namespace ember::kernels
