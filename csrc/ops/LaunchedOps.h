@@ -72,7 +72,10 @@ struct OutForm {
 // returns the result's layout as a meta tensor.
 template <class Op, class Kernel, class Meta, class... Args>
 at::Tensor launched(Args... args) {
-  if (!launch_async()) return functional<Op, Args...>(args...);
+  // Synchronous, while a graph may capture: the same out= form runs at the
+  // call and is recorded, so a replay writes the captured result in place.
+  const bool recording = !launch_async() && capture::underway();
+  if (!launch_async() && !recording) return functional<Op, Args...>(args...);
   at::Tensor out;
   {
     DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
@@ -90,15 +93,19 @@ at::Tensor launched(Args... args) {
     }
     const c10::DeviceIndex device = call.device();
     out = empty_like_meta(meta, device);
-    launch_on_device(device, op_name<Op>().c_str(),
-                     [kept = std::move(kept), out_cpu = cpu_alias(out)] {
-                       std::apply(
-                           [&](const auto&... a) {
-                             Kernel::run(const_cast<at::Tensor&>(out_cpu),
-                                         use(a)...);
-                           },
-                           kept);
-                     });
+    auto work = [kept = std::move(kept), out_cpu = cpu_alias(out)] {
+      std::apply(
+          [&](const auto&... a) {
+            Kernel::run(const_cast<at::Tensor&>(out_cpu), use(a)...);
+          },
+          kept);
+    };
+    if (recording) {
+      run_on_device_recorded(
+          device, op_name<Op>(), [&] { work(); }, [&] { return work; });
+      return out;
+    }
+    launch_on_device(device, op_name<Op>().c_str(), std::move(work));
   }
   count_launch(op_name<Op>());
   return out;
@@ -115,22 +122,58 @@ std::tuple<Ts...> cpu_aliases(const std::tuple<Ts...>& t) {
       t);
 }
 
+// launch_into's synchronous form while a graph may be capturing: the
+// kernel runs at the call into the result, and a capturing stream records
+// it (its arguments kept for replay as the synchronous paths keep them).
+template <class Out, class MakeOut, class Kernel, class... Args>
+Out record_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
+                const Args&... args) {
+  DelegationCall call(name, /*accepts_cpu_tensors=*/false);
+  std::tuple<std::decay_t<decltype(to_cpu(call, args, false))>...> cpu_args{
+      to_cpu(call, args, false)...};
+  call.settle();
+  Out out = make_out();
+  const auto out_cpu = cpu_aliases(out);
+  run_on_device_recorded(
+      call.device(), name,
+      [&] {
+        std::apply([&](const auto&... a) { kernel(out_cpu, a...); }, cpu_args);
+      },
+      [&] {
+        return [kernel, kept = replay_args(name, cpu_args, args...), out_cpu] {
+          std::apply([&](const auto&... a) { kernel(out_cpu, use(a)...); },
+                     kept);
+        };
+      });
+  return out;
+}
+
 // ember's own op work whose results ember allocates before it runs (a GEMM,
-// a convolution, a norm or pooling of known output shape): with
-// asynchronous execution on, `make_out()` gives the result on the device
-// (allocated on the calling thread, or an out= argument; a tensor or a
-// tuple of them) and `kernel(out_aliases, args...)` is queued to write it,
-// where it may copy a kernel's fresh result in when the library allocates
-// its own (oneDNN's packed GEMM). Returns nullopt, having done nothing,
-// where the call runs at the call instead: asynchronous execution off, or a
-// host tensor argument the kernel would read later. `name` (static storage)
-// names the work in launch_stats() and errors.
+// a convolution, a norm or pooling of known output shape). `make_out()`
+// gives the result on the device (allocated on the calling thread, or an
+// out= argument; a tensor or a tuple of them) and `kernel(out_aliases,
+// args...)` writes it, where it may copy a kernel's fresh result in when
+// the library allocates its own (oneDNN's packed GEMM):
+//  - with asynchronous execution on, the kernel is queued (launched);
+//  - while the current stream captures a graph (asynchronous execution
+//    off), it runs at the call and the graph records the same kernel into
+//    the same result, so a replay writes the captured output in place
+//    instead of copying a fresh result into it.
+// Returns nullopt, having done nothing, where neither applies (the caller
+// then runs its synchronous form) or a host tensor argument would be read
+// later. `name` (static storage) names the work in launch_stats(), errors
+// and graph dumps.
 template <class MakeOut, class Kernel, class... Args>
 auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
                  const Args&... args)
     -> std::optional<std::decay_t<decltype(make_out())>> {
-  if (!launch_async()) return std::nullopt;
-  std::decay_t<decltype(make_out())> out;
+  using Out = std::decay_t<decltype(make_out())>;
+  if (!launch_async()) {
+    if (!capture::underway()) return std::nullopt;
+    return record_into<Out>(name, std::forward<MakeOut>(make_out),
+                            std::move(kernel), args...);
+  }
+  Out out;
   {
     DelegationCall call(name, /*accepts_cpu_tensors=*/false);
     bool launchable = true;

@@ -15,6 +15,7 @@
 #include <ATen/ops/mm_ops.h>
 
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
@@ -70,7 +71,8 @@ void product_out(const char* op, at::Tensor& out, const at::Tensor& self,
   matmul::gemm(op, out, a, b, self, beta, alpha);
 }
 
-// The engine's product launched on the stream (asynchronous execution on):
+// The engine's product launched on the stream (asynchronous execution on),
+// or recorded by a capturing graph into its result (unboxed::launch_into):
 // the result (or the out= argument, resized here) exists before the kernel
 // runs. Autotuning (which times candidates on the operands), determinism's
 // tiling and verbose's per-call route stay at the call.
@@ -79,8 +81,8 @@ std::optional<at::Tensor> launched_product(
     const std::string& name, const char* op, MakeOut&& make_out,
     const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
     const at::Scalar& beta, const at::Scalar& alpha) {
-  if (!launch_async() || flags::benchmark() || flags::deterministic() ||
-      flags::verbose_level() > 0) {
+  if ((!launch_async() && !capture::underway()) || flags::benchmark() ||
+      flags::deterministic() || flags::verbose_level() > 0) {
     return std::nullopt;
   }
   std::optional<at::Tensor> out = unboxed::launch_into(

@@ -277,7 +277,8 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
   return *std::move(out);
 }
 
-// The skinny kernel, launched where asynchronous execution is on.
+// The skinny kernel, launched where asynchronous execution is on (or
+// recorded into its result by a capturing graph).
 template <class MakeOut>
 std::optional<at::Tensor> launch_skinny(const Plan& plan, const at::Tensor& a,
                                         MakeOut&& make_out) {
@@ -321,21 +322,12 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
       })) {
     return launched;
   }
+  // Synchronous, and no graph capturing (launch_skinny records a capture).
   at::Tensor out;
-  run_on_device_recorded(
-      a.device().index(), skinny_launch_name(),
-      [&] {
-        out = at::empty({a.size(0), route->cols}, a.options());
-        run_skinny(*route, a, route->bias, out);
-      },
-      [&] {
-        std::optional<at::Tensor> bias;
-        if (route->bias) bias = cpu_alias(*route->bias);
-        return [plan = *route, bias = std::move(bias), a_cpu = cpu_alias(a),
-                out_cpu = cpu_alias(out)] {
-          run_skinny(plan, a_cpu, bias, out_cpu);
-        };
-      });
+  run_on_device(a.device().index(), [&] {
+    out = at::empty({a.size(0), route->cols}, a.options());
+    run_skinny(*route, a, route->bias, out);
+  });
   return out;
 }
 
