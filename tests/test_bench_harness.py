@@ -123,6 +123,17 @@ def test_ember_parity_matches_cpu_bitwise(results):
         assert torch.backends.ember.cpu_parity == PARITY_AT_START
 
 
+def test_ember_async_runs_every_workload_correctly_and_restores_the_switch():
+    """The asynchronous engine end to end: every (tiny) workload with its
+    GEMMs, convolutions, norms and attention launched matches CPU."""
+    before = torch.backends.ember.async_execution
+    for r in _run(list(workloads.WORKLOADS), ["ember-async"]):
+        launched = r.get("ember-async")
+        assert launched.status == "ok", (r.name, launched.reason)
+        assert launched.rel_err <= r.rtol, r.name
+    assert torch.backends.ember.async_execution == before
+
+
 def test_wrong_system_is_flagged_and_not_ranked(results):
     for r in results:
         wrong = r.get(WRONG.name)

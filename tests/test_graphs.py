@@ -161,6 +161,33 @@ def test_launched_gemms_and_convolutions_replay_like_eager():
         torch.backends.ember.async_execution = previous
 
 
+def test_replay_writes_captured_outputs_in_place():
+    """ember's own kernels and the launched ops' out= forms are recorded into
+    the tensors capture returned: a replay allocates nothing (no fresh
+    result copied into the captured one)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 1),  # ember's channel GEMM
+        torch.nn.BatchNorm2d(16),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(16 * 4 * 4, 8),  # the skinny GEMM
+        torch.nn.GELU(),
+    )
+    net = net.to(DEV).eval()
+    x = torch.randn(1, 8, 8, 8, device=DEV)
+    with torch.inference_mode():
+        net(x)
+        g, y = _capture(net, x)
+        x.copy_(torch.randn(1, 8, 8, 8))
+        allocated = torch.ember.memory_stats()["allocation.all.allocated"]
+        g.replay()
+        torch.ember.synchronize()
+        assert torch.ember.memory_stats()["allocation.all.allocated"] == allocated
+        assert torch.equal(y.cpu(), net(x).cpu())
+
+
 @pytest.mark.parametrize("layer", ["linear", "conv"])
 def test_a_weight_written_between_replays_is_seen(layer):
     torch.manual_seed(0)

@@ -514,6 +514,20 @@ def ember_sync(w: Workload, threads: int) -> Prepared:
     return _ember_within(w, lambda: torch.backends.ember.flags(async_execution=False))
 
 
+@register("ember-async", version=torch_ember_version)
+def ember_async(w: Workload, threads: int) -> Prepared:
+    """ember eager with torch.backends.ember.async_execution = True around its
+    own runs: ops with a launched form (GEMMs, convolutions, norms, pooling,
+    elementwise ops, attention, ...) are queued on the stream's worker and
+    return at once (the asynchronous engine, on by default from 4 cores; on
+    fewer, ember-eager is ember-sync). Its ratio to ember-sync in the same
+    run is the engine's latency figure."""
+    backends = getattr(torch.backends, "ember", None)
+    if backends is not None and not hasattr(backends, "async_execution"):
+        raise Skip("this torch_ember build has no torch.backends.ember.async_execution")
+    return _ember_within(w, lambda: torch.backends.ember.flags(async_execution=True))
+
+
 @register("ember-parity", version=torch_ember_version)
 def ember_parity(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.cpu_parity = True: every op runs CPU's

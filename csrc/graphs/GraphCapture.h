@@ -5,10 +5,12 @@
 //  - launched work (DeviceScope.h: launch_on_device) is recorded by the
 //    stream itself: its closure already owns its arguments and writes into
 //    results allocated before it runs;
-//  - synchronous work is recorded by the delegation paths that can give a
-//    replayable form (run_on_device_recorded): the op's CPU kernel called
-//    again on the same aliases, its fresh results copied into the tensors
-//    capture returned;
+//  - ops with a launched form record it also when they run synchronously
+//    (ops/LaunchedOps.h): their kernel writes the captured result in place;
+//  - other synchronous work is recorded by the delegation paths that can
+//    give a replayable form (run_on_device_recorded): the op's CPU kernel
+//    called again on the same aliases, its fresh results copied into the
+//    tensors capture returned;
 //  - anything else refuses with a RuntimeError naming the op, so a graph
 //    never replays a partial program.
 // Capture also runs the work once, so tensors hold real values afterwards.
