@@ -125,13 +125,20 @@ def test_ember_parity_matches_cpu_bitwise(results):
 
 def test_ember_async_runs_every_workload_correctly_and_restores_the_switch():
     """The asynchronous engine end to end: every (tiny) workload with its
-    GEMMs, convolutions, norms and attention launched matches CPU."""
+    GEMMs, convolutions, norms and attention launched matches CPU; the
+    report sets it against ember-sync."""
     before = torch.backends.ember.async_execution
-    for r in _run(list(workloads.WORKLOADS), ["ember-async"]):
+    results = _run(list(workloads.WORKLOADS), ["ember-sync", "ember-async"])
+    for r in results:
         launched = r.get("ember-async")
         assert launched.status == "ok", (r.name, launched.reason)
         assert launched.rel_err <= r.rtol, r.name
     assert torch.backends.ember.async_execution == before
+    engine = report.engine_section(results)
+    for r in results:
+        ratio = r.get("ember-async").median_s / r.get("ember-sync").median_s
+        assert f"| {r.name} |" in engine and report.fmt_ratio(ratio) in engine
+    assert report.engine_section([]) == ""
 
 
 def test_wrong_system_is_flagged_and_not_ranked(results):

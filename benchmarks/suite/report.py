@@ -265,6 +265,44 @@ def memory_section(peak: Peak, threads: int, results: list[WorkloadResult]) -> s
     return "\n".join(out)
 
 
+def engine_section(results: list[WorkloadResult]) -> str:
+    """The asynchronous engine against the synchronous one, in the same run:
+    ember-async / ember-sync per workload (issue 11's latency figure)."""
+    rows = []
+    for r in results:
+        launched, synchronous = r.get("ember-async"), r.get("ember-sync")
+        if launched is None or synchronous is None:
+            continue
+        both_ok = launched.status == "ok" and synchronous.status == "ok"
+        rows.append(
+            [
+                r.name,
+                fmt_time(synchronous.median_s),
+                fmt_time(launched.median_s),
+                fmt_ratio(launched.median_s / synchronous.median_s) if both_ok else "-",
+            ]
+        )
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            table(
+                ["workload", "ember-sync (median)", "ember-async (median)", "async / sync"],
+                rows,
+                right={1, 2, 3},
+            ),
+            "",
+            (
+                "- ember-async launches every op with a launched form on the stream's "
+                "worker (the calling thread goes on with Python while kernels run); "
+                "ember-sync runs each op at its call. Asynchronous execution is on by "
+                "default from 4 cores; with fewer, the host thread and the kernels' "
+                "threads share the cores."
+            ),
+        ]
+    )
+
+
 def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
     unit = r.unit if r.unit != "run" else "run"
     flops = f"{r.flops / 1e9:.3g} GFLOP per run" if r.flops else "FLOPs not counted"
@@ -437,6 +475,9 @@ def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots
     ]
     if peak is not None:
         out += ["## Physical limit", "", peak_section(peak, s["threads"], results), ""]
+    engine = engine_section(results)
+    if engine:
+        out += ["## Asynchronous engine (same run)", "", engine, ""]
     out += ["## Workloads", ""]
     for r in results:
         out += [workload_section(r, peak, s["threads"]), ""]
