@@ -517,11 +517,8 @@ def ember_sync(w: Workload, threads: int) -> Prepared:
 @register("ember-async", version=torch_ember_version)
 def ember_async(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.async_execution = True around its
-    own runs: ops with a launched form (GEMMs, convolutions, norms, pooling,
-    elementwise ops, attention, ...) are queued on the stream's worker and
-    return at once (the asynchronous engine, on by default from 4 cores; on
-    fewer, ember-eager is ember-sync). Its ratio to ember-sync in the same
-    run is the engine's latency figure."""
+    own runs: launched ops are queued on the stream's worker (the engine's
+    default from 4 cores; below, ember-eager is ember-sync)."""
     backends = getattr(torch.backends, "ember", None)
     if backends is not None and not hasattr(backends, "async_execution"):
         raise Skip("this torch_ember build has no torch.backends.ember.async_execution")
