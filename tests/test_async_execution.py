@@ -253,6 +253,59 @@ def test_inference_batch_norm_and_max_pool_are_launched(name, unit):
         assert torch.equal(a.cpu(), b.cpu())
 
 
+@pytest.mark.parametrize(
+    "name, unit",
+    [
+        ("mean_dim", "aten::mean.dim"),
+        ("mean_keepdim_dtype", "aten::mean.dim"),
+        ("sum_dim", "aten::sum.dim_IntList"),
+        ("sum_all_int", "aten::sum.dim_IntList"),
+        ("arange", "aten::arange.start_out"),
+        ("arange_float_step", "aten::arange.start_out"),
+    ],
+)
+def test_reductions_and_arange_are_launched(name, unit):
+    """The last waits of ResNet-50 (its global average pool: mean.dim) and
+    of a transformers decode step (cache_position: arange) are launched."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 7, 5).to("ember")
+    ints = torch.randint(-9, 9, (33, 7)).to("ember")
+    fn = {
+        "mean_dim": lambda: x.mean((-2, -1)),
+        "mean_keepdim_dtype": lambda: x.mean(1, keepdim=True, dtype=torch.float64),
+        "sum_dim": lambda: x.sum(0),
+        "sum_all_int": lambda: ints.sum(),
+        "arange": lambda: torch.arange(130, 131, device="ember"),
+        "arange_float_step": lambda: torch.arange(-1.5, 7.0, 0.25, device="ember"),
+    }[name]
+    torch_ember.reset_launch_stats()
+    _sleep()
+    begin = time.monotonic()
+    launched = fn()
+    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
+    assert _launched(unit) == 1, torch_ember.launch_stats()
+    torch.backends.ember.async_execution = False
+    synchronous = fn()
+    torch.backends.ember.async_execution = True
+    assert launched.shape == synchronous.shape and launched.dtype == synchronous.dtype
+    assert launched.stride() == synchronous.stride()
+    assert torch.equal(launched.cpu(), synchronous.cpu())
+
+
+def test_arange_errors_are_raised_at_the_call_and_out_is_resized():
+    _sleep(0.05)
+    with pytest.raises(RuntimeError, match="step must be nonzero"):
+        torch.arange(0, 5, 0, device="ember")
+    with pytest.raises(RuntimeError, match="upper bound and lower bound inconsistent"):
+        torch.arange(0, 5, -1, device="ember")
+    out = torch.full((2, 3), 7, dtype=torch.int64, device="ember")
+    torch.arange(4, 9, out=out)
+    assert out.shape == (5,) and out.cpu().tolist() == [4, 5, 6, 7, 8]
+    # A long range is computed where it lands (the synchronous delegation).
+    long = torch.arange(0, 1 << 17, device="ember")
+    assert torch.equal(long.cpu(), torch.arange(0, 1 << 17))
+
+
 def test_gemm_argument_errors_are_raised_at_the_call():
     x = torch.randn(20, 8, device="ember")
     y = torch.randn(8, 6, device="ember")

@@ -160,15 +160,18 @@ Out record_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
 //    the same result, so a replay writes the captured output in place
 //    instead of copying a fresh result into it.
 // Returns nullopt, having done nothing, where neither applies (the caller
-// then runs its synchronous form) or a host tensor argument would be read
-// later. `name` (static storage) names the work in launch_stats(), errors
-// and graph dumps.
+// then runs its synchronous form), under verbose output, or where a host
+// tensor argument would be read later. `name` (static storage) names the work
+// in launch_stats(), errors and graph dumps.
 template <class MakeOut, class Kernel, class... Args>
 auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
                  const Args&... args)
     -> std::optional<std::decay_t<decltype(make_out())>> {
   using Out = std::decay_t<decltype(make_out())>;
-  if (!launch_async()) {
+  // Verbose output names the kernel route each call takes, which only a
+  // call that runs there can report: verbose calls stay synchronous (as the
+  // GEMM engine's do).
+  if (!launch_async() || flags::verbose_level() > 0) {
     if (!capture::underway()) return std::nullopt;
     return record_into<Out>(name, std::forward<MakeOut>(make_out),
                             std::move(kernel), args...);

@@ -14,6 +14,7 @@ namespace ember {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", TORCH_FN(kernels::empty_memory_format));
   m.impl("empty_strided", TORCH_FN(kernels::empty_strided));
+  m.impl("arange.start_out", TORCH_FN(kernels::arange_start_out));
   m.impl("as_strided", TORCH_FN(kernels::as_strided));
   m.impl("view", TORCH_FN(kernels::view));
   m.impl("_reshape_alias", TORCH_FN(kernels::reshape_alias));

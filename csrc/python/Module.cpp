@@ -199,12 +199,21 @@ PYBIND11_MODULE(_C, m) {
   // Host code about to touch ember memory directly (Inductor's C++
   // kernels): waits for the work launched on the current stream of the
   // current device. One atomic load when nothing is queued.
-  m.def("wait_for_current_stream", [] {
-    rt::Stream& stream = rt::device(rt::current_device()).streams().current();
-    if (stream.query()) return;
-    py::gil_scoped_release no_gil;
-    translate_runtime_errors([&] { stream.synchronize(); });
-  });
+  // Compiled code's C++ kernels read and write ember memory directly: they
+  // first wait for the ops launched on their device's current stream.
+  m.def(
+      "wait_for_current_stream",
+      [](std::optional<int> device) {
+        rt::Stream* stream = translate_runtime_errors([&] {
+          return &rt::device(device.value_or(rt::current_device()))
+                      .streams()
+                      .current();
+        });
+        if (stream->query()) return;
+        py::gil_scoped_release no_gil;
+        translate_runtime_errors([&] { stream->synchronize(); });
+      },
+      py::arg("device") = py::none());
   m.def("device_properties", &device_properties);
   m.def("cpu_features", &cpu_features);
   m.def("default_generator", [](int device) {

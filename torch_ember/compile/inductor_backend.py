@@ -71,8 +71,10 @@ class _EmberWrapperLines:
         device = device or V.graph.get_current_device_or_throw()
         if device.type == DEVICE_TYPE and not kwargs.get("triton", True):
             # a C++ kernel: a plain call on host pointers, as on CPU, once the
-            # ops launched before it on the stream (extern kernels) have run
-            self.writeline(f"{_wait_for_stream_name(self)}()")
+            # ops launched before it on its device's stream (extern kernels)
+            # have run
+            index = "" if device.index is None else device.index
+            self.writeline(f"{_wait_for_stream_name(self)}({index})")
             self.writeline(self.wrap_kernel_call(kernel_name, call_args))
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)

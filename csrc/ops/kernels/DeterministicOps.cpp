@@ -134,7 +134,9 @@ at::Tensor sum(T self, OptDims dim, bool keepdim, OptDtype dtype) {
           ? at::kLong
           : self.scalar_type());
   if (!flags::deterministic() || !rounds(out)) {
-    return functional<ops::sum_dim_IntList, T, OptDims, bool, OptDtype>(
+    return unboxed::launched<ops::sum_dim_IntList,
+                             unboxed::OutForm<ops::sum_IntList_out>,
+                             layouts::SumDim, T, OptDims, bool, OptDtype>(
         self, dim, keepdim, dtype);
   }
   return on_aliases(
@@ -148,7 +150,8 @@ at::Tensor sum(T self, OptDims dim, bool keepdim, OptDtype dtype) {
 at::Tensor mean(T self, OptDims dim, bool keepdim, OptDtype dtype) {
   const at::ScalarType out = dtype.value_or(self.scalar_type());
   if (!flags::deterministic() || !rounds(out) || !rounds(self.scalar_type())) {
-    return functional<ops::mean_dim, T, OptDims, bool, OptDtype>(
+    return unboxed::launched<ops::mean_dim, unboxed::OutForm<ops::mean_out>,
+                             layouts::MeanDim, T, OptDims, bool, OptDtype>(
         self, dim, keepdim, dtype);
   }
   return on_aliases(

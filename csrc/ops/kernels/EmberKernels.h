@@ -21,6 +21,14 @@ at::Tensor empty_memory_format(c10::IntArrayRef size,
                                std::optional<c10::Device> device,
                                std::optional<bool> pin_memory,
                                std::optional<c10::MemoryFormat> memory_format);
+// arange's out= form. With asynchronous execution on, the values (which
+// depend only on the host's scalars) are computed at the call by CPU's
+// kernel into a host tensor, the result is resized at the call and the copy
+// into it is launched: creating a position index does not wait for the
+// stream. Otherwise, and for very long ranges, the synchronous delegation.
+at::Tensor& arange_start_out(const at::Scalar& start, const at::Scalar& end,
+                             const at::Scalar& step, at::Tensor& out);
+
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype,
                          std::optional<c10::Layout> layout,

@@ -11,9 +11,11 @@
 #include <ATen/ops/clamp_min_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
+#include <ATen/ops/sum_meta_dispatch.h>
 #include <ATen/ops/tanh_meta_dispatch.h>
 
 namespace ember::kernels::layouts {
@@ -80,6 +82,19 @@ struct PowScalar {
 struct Argmax {
   static at::Tensor infer(T self, std::optional<int64_t> dim, bool keepdim) {
     return at::meta::argmax(self, dim, keepdim);
+  }
+};
+
+struct MeanDim {
+  static at::Tensor infer(T self, at::OptionalIntArrayRef dim, bool keepdim,
+                          std::optional<at::ScalarType> dtype) {
+    return at::meta::mean(self, dim, keepdim, dtype);
+  }
+};
+struct SumDim {
+  static at::Tensor infer(T self, at::OptionalIntArrayRef dim, bool keepdim,
+                          std::optional<at::ScalarType> dtype) {
+    return at::meta::sum(self, dim, keepdim, dtype);
   }
 };
 
