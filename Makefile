@@ -181,7 +181,12 @@ fuzz: setup
 #   make sanitize SANITIZE_TESTS="tests/test_memory.py -x"
 #   make tsan         ThreadSanitizer (build/tsan/): the runtime's GoogleTests
 #                     (its concurrency and fork tests)
-.PHONY: sanitize tsan
+#   make tsan-stress  ThreadSanitizer build of torch_ember._C
+#                     (build/tsan-python/): the engine's Python stress tests
+#                     (8 threads x 2 devices x 2 streams, launched ops,
+#                     events) with asynchronous execution on
+#   make tsan-stress TSAN_TESTS="tests/test_engine.py -k stress"
+.PHONY: sanitize tsan tsan-stress
 
 SANITIZE_TESTS ?=
 
@@ -190,3 +195,8 @@ sanitize: setup
 
 tsan: setup
 	scripts/sanitize.sh thread
+
+TSAN_TESTS ?=
+
+tsan-stress: setup
+	scripts/sanitize.sh thread-python $(TSAN_TESTS)

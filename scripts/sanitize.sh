@@ -4,14 +4,16 @@
 # make tsan: ThreadSanitizer build of the runtime in build/tsan/, then its
 #   GoogleTests (the concurrency tests: allocator and stream pool from many
 #   threads, fork while other threads allocate).
-# Usage: scripts/sanitize.sh address|thread [pytest arguments]
+# make tsan-stress: ThreadSanitizer build of torch_ember._C in
+#   build/tsan-python/, then the engine's Python stress tests against it.
+# Usage: scripts/sanitize.sh address|thread|thread-python [pytest arguments]
 # SANITIZE_JOBS sets the build's parallelism (default: all cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=$ROOT/.venv/bin/python
 JOBS=${SANITIZE_JOBS:-$(nproc)}
-kind=${1:?usage: scripts/sanitize.sh address|thread [pytest args]}
+kind=${1:?usage: scripts/sanitize.sh address|thread|thread-python [pytest args]}
 shift
 
 configure() {  # build dir, flags, source dir
@@ -30,18 +32,23 @@ configure() {  # build dir, flags, source dir
   env TORCH_DEVICE_BACKEND_AUTOLOAD=0 cmake --build "$build" -j"$JOBS"
 }
 
+# The package tree of a sanitized build: its _C plus links to every other
+# file of torch_ember/.
+package_tree() {
+  local pkg=$1/python/torch_ember entry
+  for entry in torch_ember/*; do
+    case $entry in *.so) continue ;; esac
+    ln -sfn "$ROOT/$entry" "$pkg/$(basename "$entry")"
+  done
+}
+
 case $kind in
   address)
     BUILD=build/sanitize
     configure "$BUILD" "-fsanitize=address,undefined -fno-sanitize-recover=undefined" scripts/sanitize
     echo "[sanitize] runtime GoogleTests under ASan + UBSan"
     (cd "$BUILD" && ctest --output-on-failure)
-    # The package tree: the sanitized _C plus links to every other file.
-    PKG=$BUILD/python/torch_ember
-    for entry in torch_ember/*; do
-      case $entry in *.so) continue ;; esac
-      ln -sfn "$ROOT/$entry" "$PKG/$(basename "$entry")"
-    done
+    package_tree "$BUILD"
     echo "[sanitize] Python tests under ASan + UBSan (ember's code instrumented; torch is not)"
     # Python and torch are not instrumented: the runtime is preloaded, leaks
     # (Python's, at exit) are not reported.
@@ -66,8 +73,33 @@ case $kind in
     (cd "$BUILD" && TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
       EMBER_DEVICES=4 ./ember_runtime_tests)
     ;;
+  thread-python)
+    # The engine's Python stress tests (threads x devices x streams with
+    # cross-stream events, launched ops, pinned uploads) against a
+    # ThreadSanitizer build of torch_ember._C. Python and torch are not
+    # instrumented: TSan checks the accesses ember's code makes and the
+    # synchronisation it can see (pthread mutexes and condition variables,
+    # atomics in ember's code). OpenMP is not instrumented either, so its
+    # barriers would look like no synchronisation at all: kernels run on one
+    # thread (OMP_NUM_THREADS=1); the engine's own threads (stream workers,
+    # Python threads) are what this checks.
+    BUILD=build/tsan-python
+    configure "$BUILD" "-fsanitize=thread" scripts/sanitize
+    package_tree "$BUILD"
+    export LD_PRELOAD="$(gcc -print-file-name=libtsan.so)"
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:report_signal_unsafe=0:suppressions=$ROOT/scripts/tsan-python.supp}
+    export OMP_NUM_THREADS=1
+    export PYTHONPATH="$ROOT/$BUILD/python${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONSAFEPATH=1
+    export EMBER_SANITIZER=thread
+    # TSan's shadow memory needs the classic address-space layout.
+    if [ $# -eq 0 ]; then
+      set -- tests/test_engine.py tests/test_streams.py tests/test_async_execution.py
+    fi
+    EMBER_DEVICES=2 EMBER_ASYNC=1 setarch "$(uname -m)" -R "$PY" -m pytest -q -p no:cacheprovider "$@"
+    ;;
   *)
-    echo "unknown sanitizer '$kind' (address or thread)" >&2
+    echo "unknown sanitizer '$kind' (address, thread or thread-python)" >&2
     exit 2
     ;;
 esac
