@@ -212,6 +212,28 @@ def test_gemms_and_convolutions_are_launched_and_equal_synchronous_execution(nam
     assert torch.equal(launched.cpu(), synchronous.cpu())
 
 
+def _assert_launched_like_synchronous(fn, unit):
+    """fn() returns before the work queued ahead of it ran, is counted once
+    under `unit`, and equals its synchronous run (values, layout, dtype)."""
+    torch_ember.reset_launch_stats()
+    _sleep()
+    begin = time.monotonic()
+    launched = fn()
+    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
+    assert _launched(unit) == 1, torch_ember.launch_stats()
+    torch.backends.ember.async_execution = False
+    synchronous = fn()
+    torch.backends.ember.async_execution = True
+    pairs = (
+        zip(launched, synchronous, strict=True)
+        if isinstance(launched, tuple)
+        else [(launched, synchronous)]
+    )
+    for a, b in pairs:
+        assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+        assert torch.equal(a.cpu(), b.cpu())
+
+
 @pytest.mark.parametrize(
     "name, unit",
     [
@@ -235,22 +257,7 @@ def test_inference_batch_norm_and_max_pool_are_launched(name, unit):
         out = F.max_pool2d(x, 3, 2, 1, return_indices=name.endswith("indices"))
         return out if isinstance(out, tuple) else (out,)
 
-    torch_ember.reset_launch_stats()
-    _sleep()
-    begin = time.monotonic()
-    launched = fn()
-    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
-    assert _launched(unit) == 1, torch_ember.launch_stats()
-    torch.backends.ember.async_execution = False
-    synchronous = fn()
-    torch.backends.ember.async_execution = True
-    for a, b in (
-        zip(launched, synchronous, strict=True)
-        if isinstance(launched, tuple)
-        else [(launched, synchronous)]
-    ):
-        assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
-        assert torch.equal(a.cpu(), b.cpu())
+    _assert_launched_like_synchronous(fn, unit)
 
 
 @pytest.mark.parametrize(
@@ -278,18 +285,7 @@ def test_reductions_and_arange_are_launched(name, unit):
         "arange": lambda: torch.arange(130, 131, device="ember"),
         "arange_float_step": lambda: torch.arange(-1.5, 7.0, 0.25, device="ember"),
     }[name]
-    torch_ember.reset_launch_stats()
-    _sleep()
-    begin = time.monotonic()
-    launched = fn()
-    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
-    assert _launched(unit) == 1, torch_ember.launch_stats()
-    torch.backends.ember.async_execution = False
-    synchronous = fn()
-    torch.backends.ember.async_execution = True
-    assert launched.shape == synchronous.shape and launched.dtype == synchronous.dtype
-    assert launched.stride() == synchronous.stride()
-    assert torch.equal(launched.cpu(), synchronous.cpu())
+    _assert_launched_like_synchronous(fn, unit)
 
 
 def test_arange_errors_are_raised_at_the_call_and_out_is_resized():
