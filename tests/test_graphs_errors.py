@@ -3,6 +3,7 @@ sync points and host reads inside a capture, capture_end on the wrong stream
 or thread, capture_error_mode, cross-stream fork/join, replay before capture
 and double capture (the replay tests are in test_graphs.py)."""
 
+import contextlib
 import threading
 
 import pytest
@@ -61,19 +62,29 @@ def test_capture_must_end_on_its_stream():
     assert not torch.ember.is_current_stream_capturing()
 
 
-def _device_wait_error_on_another_thread():
+def _errors_on_another_thread(fn):
+    """The RuntimeErrors fn() raises when it runs on a new thread."""
     errors = []
 
-    def wait():
+    def run():
         try:
-            torch.ember.synchronize()
+            fn()
         except RuntimeError as e:
-            errors.append(e)
+            errors.append(str(e))
 
-    t = threading.Thread(target=wait)
+    t = threading.Thread(target=run)
     t.start()
     t.join()
     return errors
+
+
+@contextlib.contextmanager
+def _capturing_on_a_side_stream(mode):
+    """A graph capturing in `mode` on a new stream (current inside the block)."""
+    g, s = torch.ember.EmberGraph(), torch.ember.Stream()
+    with torch.ember.stream(s):
+        g.capture_begin(capture_error_mode=mode)
+        yield g, s
 
 
 @pytest.mark.parametrize(
@@ -85,17 +96,14 @@ def test_capture_error_mode_decides_which_device_waits_raise(mode, refused_here,
     thread, "thread_local" only from the capturing thread, "relaxed" none; the
     capture survives an allowed wait and replays what it recorded."""
     x = torch.ones(4, device=DEV)
-    g = torch.ember.EmberGraph()
-    s = torch.ember.Stream()
-    with torch.ember.stream(s):
-        g.capture_begin(capture_error_mode=mode)
+    with _capturing_on_a_side_stream(mode) as (g, _):
         x.mul_(2)
         if refused_here:
             with pytest.raises(RuntimeError, match=f'capture_error_mode="{mode}"'):
                 torch.ember.synchronize()
         else:
             torch.ember.synchronize()
-        errors = _device_wait_error_on_another_thread()
+        errors = _errors_on_another_thread(torch.ember.synchronize)
         x.add_(1)
         g.capture_end()
     assert len(errors) == refused_elsewhere
@@ -110,23 +118,14 @@ def test_capture_end_on_another_thread_is_refused_and_the_capture_goes_on(mode):
     relaxed mode no capture ends on another thread; the refusal leaves the
     capture underway, to end on its own thread."""
     x = torch.ones(2, device=DEV)
-    g = torch.ember.EmberGraph()
-    s = torch.ember.Stream()
-    with torch.ember.stream(s):
-        g.capture_begin(capture_error_mode=mode)
+    with _capturing_on_a_side_stream(mode) as (g, s):
         x.mul_(2)
-        errors = []
 
         def end():
-            try:
-                with torch.ember.stream(s):
-                    g.capture_end()
-            except RuntimeError as e:
-                errors.append(str(e))
+            with torch.ember.stream(s):
+                g.capture_end()
 
-        t = threading.Thread(target=end)
-        t.start()
-        t.join()
+        errors = _errors_on_another_thread(end)
         assert len(errors) == 1 and "thread that called capture_begin" in errors[0]
         assert torch.ember.is_current_stream_capturing()
         g.capture_end()
