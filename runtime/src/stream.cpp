@@ -161,9 +161,11 @@ void Stream::enqueue(const char* name, Work work) {
     // The host ran far ahead: wait until the worker has caught up halfway
     // (as a GPU's launch queue blocks when full). Bounds the memory that
     // queued work holds, its results included.
+    ++room_waiters_;
     done_cv_.wait(lock, [this] {
       return queue_.size() <= kMaxQueued / 2 || worker_ == nullptr;
     });
+    --room_waiters_;
   }
   push(Item{name, std::move(work), false});
   std::vector<Work> finished = take_finished();
@@ -262,8 +264,12 @@ void Stream::worker_loop() {
       pending_.fetch_or(kErrorFlag, std::memory_order_release);
     }
     completed_.fetch_add(1, std::memory_order_relaxed);
-    pending_.fetch_sub(1, std::memory_order_release);
-    done_cv_.notify_all();
+    const bool idle = ((pending_.fetch_sub(1, std::memory_order_release) - 1) &
+                       ~kErrorFlag) == 0;
+    if (event_waiters_ > 0 || (idle && idle_waiters_ > 0) ||
+        (room_waiters_ > 0 && queue_.size() <= kMaxQueued / 2)) {
+      done_cv_.notify_all();
+    }
   }
 }
 
@@ -276,9 +282,11 @@ void Stream::wait_idle(std::unique_lock<std::mutex>& lock) {
     });
     lock.lock();
   }
+  ++idle_waiters_;
   done_cv_.wait(lock, [this] {
     return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
   });
+  --idle_waiters_;
 }
 
 void Stream::raise_pending_error(std::unique_lock<std::mutex>& lock) {
@@ -398,8 +406,10 @@ void Stream::synchronize() {
 void Stream::wait_for(const EventState& state) {
   check_not_forked_broken();
   std::unique_lock<std::mutex> lock(mutex_);
+  ++event_waiters_;
   done_cv_.wait(lock,
                 [&] { return state.done.load(std::memory_order_acquire); });
+  --event_waiters_;
 }
 
 void Stream::shutdown() {
@@ -428,6 +438,7 @@ bool Stream::reset_in_child() {
   new (&work_cv_) std::condition_variable();
   new (&done_cv_) std::condition_variable();
   worker_ = nullptr;  // the thread does not exist here; leaked, never joined
+  idle_waiters_ = room_waiters_ = event_waiters_ = 0;
   stopping_ = false;
   return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0 ||
          !queue_.empty();

@@ -197,6 +197,13 @@ class Stream final {
   std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
+  // Threads blocked on done_cv_, by what they wait for (guarded by mutex_):
+  // the worker wakes them only when that may have happened, so a host
+  // waiting for an idle stream is not woken by every op that finishes (each
+  // wake-up takes a core from the kernels' threads).
+  int idle_waiters_ = 0;
+  int room_waiters_ = 0;
+  int event_waiters_ = 0;
   std::deque<Item> queue_;
   std::vector<Work> finished_;     // run by the worker, destroyed by submitters
   std::thread* worker_ = nullptr;  // leaked in a forked child

@@ -1,0 +1,148 @@
+#include "ember/runtime/chunk_team.h"
+
+#include <immintrin.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace ember::runtime {
+namespace {
+
+// How long an idle helper keeps polling for the next job before it sleeps:
+// kernels that use a team usually come in runs (a layer's GEMMs).
+constexpr auto kHelperSpin = std::chrono::microseconds(50);
+
+// One team's shared state. The job is published as (generation, next chunk)
+// in one word, so a helper can claim a chunk only of the job it saw: a
+// claim that succeeds proves the job is unfinished, so its fn and context
+// are still alive.
+struct TeamState {
+  std::atomic<uint64_t> ticket{0};  // generation << 32 | next chunk
+  std::atomic<uint32_t> generation{0};
+  std::atomic<int64_t> done{0};
+  std::atomic<bool> stop{false};
+  ChunkFn fn = nullptr;
+  const void* context = nullptr;
+  std::atomic<int64_t> chunks{0};
+
+  // Claims and runs chunks of job `gen` until none is left.
+  void work(uint32_t gen) {
+    uint64_t t = ticket.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(t >> 32) != gen) return;
+      const auto chunk = static_cast<int64_t>(t & 0xffffffffu);
+      const int64_t total = chunks.load(std::memory_order_relaxed);
+      if (chunk >= total) return;
+      if (!ticket.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel,
+                                        std::memory_order_acquire)) {
+        continue;
+      }
+      fn(context, chunk);
+      done.fetch_add(1, std::memory_order_release);
+      t = ticket.load(std::memory_order_acquire);
+    }
+  }
+};
+
+void helper_loop(std::shared_ptr<TeamState> state) {
+  uint32_t seen = state->generation.load(std::memory_order_acquire);
+  for (;;) {
+    const auto deadline = std::chrono::steady_clock::now() + kHelperSpin;
+    uint32_t now = seen;
+    for (int i = 1;; ++i) {
+      now = state->generation.load(std::memory_order_acquire);
+      if (now != seen || state->stop.load(std::memory_order_relaxed)) break;
+      _mm_pause();
+      if ((i & 63) == 0 && std::chrono::steady_clock::now() > deadline) {
+        state->generation.wait(seen, std::memory_order_acquire);
+      }
+    }
+    if (state->stop.load(std::memory_order_acquire)) return;
+    seen = now;
+    state->work(seen);
+  }
+}
+
+// A calling thread's team. Helpers are detached and share the state, so a
+// team can be dropped (thread exit, or in a forked child, where the
+// helpers do not exist) without joining anything.
+class Team {
+ public:
+  ~Team() { stop_helpers(); }
+
+  // False when a run of this team is already under way on this thread (a
+  // chunk that runs chunks itself): the caller runs them inline.
+  bool idle() const { return !running_; }
+
+  void run(int64_t chunks, int threads, ChunkFn fn, const void* context) {
+    running_ = true;
+    ensure_helpers(threads - 1);
+    TeamState& s = *state_;
+    s.fn = fn;
+    s.context = context;
+    s.chunks.store(chunks, std::memory_order_relaxed);
+    s.done.store(0, std::memory_order_relaxed);
+    const uint32_t gen = s.generation.load(std::memory_order_relaxed) + 1;
+    s.ticket.store(static_cast<uint64_t>(gen) << 32, std::memory_order_release);
+    s.generation.store(gen, std::memory_order_release);
+    s.generation.notify_all();
+    s.work(gen);
+    for (int i = 1; s.done.load(std::memory_order_acquire) < chunks; ++i) {
+      _mm_pause();
+      if ((i & 1023) == 0) std::this_thread::yield();
+    }
+    running_ = false;
+  }
+
+ private:
+  void ensure_helpers(int helpers) {
+    if (owner_ != getpid()) {
+      // A forked child: the helpers stayed in the parent. The old state is
+      // left to them (here it is only memory); the child starts its own.
+      state_.reset();
+      owner_ = getpid();
+    }
+    if (helpers == helpers_ && state_) return;
+    stop_helpers();
+    state_ = std::make_shared<TeamState>();
+    helpers_ = helpers;
+    for (int i = 0; i < helpers; ++i) {
+      std::thread(helper_loop, state_).detach();
+    }
+  }
+
+  void stop_helpers() {
+    if (!state_) return;
+    state_->stop.store(true, std::memory_order_release);
+    state_->generation.fetch_add(1, std::memory_order_release);
+    state_->generation.notify_all();
+    state_.reset();
+  }
+
+  std::shared_ptr<TeamState> state_;
+  int helpers_ = -1;
+  pid_t owner_ = getpid();
+  bool running_ = false;
+};
+
+}  // namespace
+
+void run_chunks(int64_t chunks, int threads, ChunkFn fn, const void* context) {
+  if (chunks <= 0) return;
+  if (threads <= 1 || chunks == 1) {
+    for (int64_t i = 0; i < chunks; ++i) fn(context, i);
+    return;
+  }
+  thread_local Team team;
+  if (!team.idle()) {
+    for (int64_t i = 0; i < chunks; ++i) fn(context, i);
+    return;
+  }
+  team.run(chunks, threads, fn, context);
+}
+
+}  // namespace ember::runtime
