@@ -51,7 +51,7 @@ SWITCHES = {
 }
 
 DEFAULTS = {
-    "async_execution": len(os.sched_getaffinity(0)) >= 4,
+    "async_execution": len(os.sched_getaffinity(0)) >= 2,
     "cpu_parity": False,
     "deterministic": False,
     "benchmark": False,

@@ -253,8 +253,8 @@ def engine_section(results: list[WorkloadResult]) -> str:
                 "- ember-async launches every op with a launched form on the stream's "
                 "worker (the calling thread goes on with Python while kernels run); "
                 "ember-sync runs each op at its call. Asynchronous execution is on by "
-                "default from 4 cores; with fewer, the host thread and the kernels' "
-                "threads share the cores."
+                "default from 2 cores (ember-eager is ember-async there); on 2, the "
+                "host thread and the kernels' threads share the cores."
             ),
         ]
     )

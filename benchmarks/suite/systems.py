@@ -518,7 +518,7 @@ def ember_sync(w: Workload, threads: int) -> Prepared:
 def ember_async(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.async_execution = True around its
     own runs: launched ops are queued on the stream's worker (the engine's
-    default from 4 cores; below, ember-eager is ember-sync)."""
+    default from 2 cores, so there ember-eager is ember-async)."""
     backends = getattr(torch.backends, "ember", None)
     if backends is not None and not hasattr(backends, "async_execution"):
         raise Skip("this torch_ember build has no torch.backends.ember.async_execution")

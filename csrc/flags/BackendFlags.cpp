@@ -16,15 +16,15 @@ namespace {
 // -1 in a precision slot means "not set: follow torch's global setting".
 constexpr int8_t kFollowGlobal = -1;
 
-// Launching pays off when the submitting thread has a core of its own
-// beside the kernels' threads: measured on 2 cores (make bench, ember-eager
-// vs ember-sync), the host thread and the worker's OpenMP team contend and
-// most workloads ran 2-6% slower (mlp-b1 bimodal), so the default is on
-// only from 4 allowed cores.
+// Launching needs a core for the host thread beside the kernels' threads
+// some of the time: on one core there is nothing to overlap. Measured on 2
+// cores (ember-async vs ember-sync in one run, since the skinny GEMM stopped
+// waiting at OpenMP barriers for a thread the host displaced): batch-1 MLP
+// 0.81x, GPT-2 decode 0.77x, the compute-bound workloads 0.98-1.02x.
 bool async_by_default() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return false;
-  return CPU_COUNT(&set) >= 4;
+  return CPU_COUNT(&set) >= 2;
 }
 std::atomic<bool> g_async_execution{
     env_switch("EMBER_ASYNC", "async_execution").value_or(async_by_default()) &&

@@ -36,10 +36,9 @@ void set_cpu_parity(bool on);
 
 // Asynchronous execution: ops whose result layout ember knows before they
 // run are queued on their stream and return at once (docs/architecture.md,
-// "The execution engine"). On by default where the process has at least 4
-// cores (on 2 the submitting thread and the kernels contend: measured
-// slower); EMBER_ASYNC=0/1 decides at start-up, EMBER_LAUNCH_BLOCKING=1
-// turns it off. Never changes a result.
+// "The execution engine"). On by default where the process has at least 2
+// cores (on one there is nothing to overlap); EMBER_ASYNC=0/1 decides at
+// start-up, EMBER_LAUNCH_BLOCKING=1 turns it off. Never changes a result.
 bool async_execution();
 void set_async_execution(bool on);
 

@@ -147,7 +147,7 @@ void EmberGraphImpl::replay() {
               "replay() of an EmberGraph with no captured graph (capture "
               "first, or the graph was reset)");
   rt::Stream& stream = rt::device(device_).streams().current();
-  // With asynchronous execution off (the default below 4 cores) the replay
+  // With asynchronous execution off (the default on one core) the replay
   // runs on the calling thread, as every op then does: a hand-off to the
   // worker would cost more than the host work it saves.
   translate_runtime_errors([&] {
