@@ -566,3 +566,49 @@ def test_threads_devices_and_streams_under_load_match_cpu():
         t.join()
     assert not errors, errors
     assert _launched("aten::add.Tensor") > 0
+
+
+def _own_kernel_cases():
+    """ember's own kernels whose work is split into chunks any free thread
+    takes (ops/kernels/ParallelChunks.h, the skinny GEMM), on shapes large
+    enough for many chunks."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(64, 3072, generator=g).to("ember")
+    img = torch.randn(2, 32, 56, 56, generator=g).to("ember")
+    img_cl = img.contiguous(memory_format=torch.channels_last)
+    q, k, v = (torch.randn(1, 12, 128, 64, generator=g).to("ember") for _ in range(3))
+    q1 = torch.randn(1, 12, 1, 64, generator=g).to("ember")
+    lin = torch.nn.Linear(768, 3072).to("ember")
+    row = torch.randn(2, 768, generator=g).to("ember")
+    mean, var = torch.randn(32).to("ember"), torch.rand(32).to("ember") + 0.5
+    weight, bias = torch.randn(32).to("ember"), torch.randn(32).to("ember")
+    return {
+        "tanh": lambda: torch.tanh(x),
+        "sdpa_prefill": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "sdpa_decode": lambda: F.scaled_dot_product_attention(q1, k, v),
+        "max_pool": lambda: F.max_pool2d(img, 3, 2, 1),
+        "batch_norm": lambda: F.batch_norm(img, mean, var, weight, bias),
+        "batch_norm_channels_last": lambda: F.batch_norm(img_cl, mean, var, weight, bias),
+        "skinny_linear": lambda: lin(row),
+    }
+
+
+@pytest.mark.parametrize("name", list(_own_kernel_cases()))
+def test_own_kernels_give_the_same_bits_at_any_thread_count(name):
+    """Which thread runs a chunk, and how many threads there are, never
+    changes a result: 1, 2 and 4 threads, launched or at the call."""
+    fn = _own_kernel_cases()[name]  # outside inference mode: packable weights
+    with torch.inference_mode():
+        fn()  # packs the weight of the linear case
+        threads = torch.get_num_threads()
+        results = []
+        try:
+            for n in (1, 2, 4):
+                torch.set_num_threads(n)
+                for launched in (False, True):
+                    with torch.backends.ember.flags(async_execution=launched):
+                        results.append(fn().cpu())
+        finally:
+            torch.set_num_threads(threads)
+    for r in results[1:]:
+        assert torch.equal(r, results[0])

@@ -12,6 +12,15 @@
 namespace ember::runtime {
 namespace {
 
+thread_local bool t_in_chunk = false;
+
+// Marks the calling thread as running chunks for its lifetime.
+struct InChunk {
+  bool previous = t_in_chunk;
+  InChunk() { t_in_chunk = true; }
+  ~InChunk() { t_in_chunk = previous; }
+};
+
 // How long an idle helper keeps polling for the next job before it sleeps:
 // kernels that use a team usually come in runs (a layer's GEMMs).
 constexpr auto kHelperSpin = std::chrono::microseconds(50);
@@ -31,6 +40,7 @@ struct TeamState {
 
   // Claims and runs chunks of job `gen` until none is left.
   void work(uint32_t gen) {
+    const InChunk in_chunk;
     uint64_t t = ticket.load(std::memory_order_acquire);
     for (;;) {
       if (static_cast<uint32_t>(t >> 32) != gen) return;
@@ -74,12 +84,7 @@ class Team {
  public:
   ~Team() { stop_helpers(); }
 
-  // False when a run of this team is already under way on this thread (a
-  // chunk that runs chunks itself): the caller runs them inline.
-  bool idle() const { return !running_; }
-
   void run(int64_t chunks, int threads, ChunkFn fn, const void* context) {
-    running_ = true;
     ensure_helpers(threads - 1);
     TeamState& s = *state_;
     s.fn = fn;
@@ -95,7 +100,6 @@ class Team {
       _mm_pause();
       if ((i & 1023) == 0) std::this_thread::yield();
     }
-    running_ = false;
   }
 
  private:
@@ -126,22 +130,20 @@ class Team {
   std::shared_ptr<TeamState> state_;
   int helpers_ = -1;
   pid_t owner_ = getpid();
-  bool running_ = false;
 };
 
 }  // namespace
 
+bool in_run_chunks() { return t_in_chunk; }
+
 void run_chunks(int64_t chunks, int threads, ChunkFn fn, const void* context) {
   if (chunks <= 0) return;
-  if (threads <= 1 || chunks == 1) {
+  if (threads <= 1 || chunks == 1 || t_in_chunk) {
+    const InChunk in_chunk;
     for (int64_t i = 0; i < chunks; ++i) fn(context, i);
     return;
   }
   thread_local Team team;
-  if (!team.idle()) {
-    for (int64_t i = 0; i < chunks; ++i) fn(context, i);
-    return;
-  }
   team.run(chunks, threads, fn, context);
 }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/ParallelChunks.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (_mm512_undefined_*) as uninitialised.
@@ -92,7 +93,7 @@ void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
   const int64_t pixel_blocks = (hw + kBlock - 1) / kBlock;
   const int64_t channel_blocks = (c + kBlock - 1) / kBlock;
   const int64_t per_image = pixel_blocks * channel_blocks;
-  at::parallel_for(0, n * per_image, 1, [&](int64_t begin, int64_t end) {
+  parallel_chunks(n * per_image, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / per_image;
       const int64_t pb = (t % per_image) / channel_blocks * kBlock;

@@ -12,6 +12,7 @@
 
 #include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/LayoutTranspose.h"
+#include "ops/kernels/ParallelChunks.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
 
@@ -234,7 +235,7 @@ bool fits(const Problem& p) {
 
 void forward(const Problem& p) {
   if (p.q_len >= matmul::kSkinnyMaxRows) {
-    at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    parallel_chunks(p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
       HeadScratch scratch;
       for (int64_t t = begin; t < end; ++t) {
         panel_head(p, t / p.heads, t % p.heads, scratch);
@@ -242,7 +243,7 @@ void forward(const Problem& p) {
     });
     return;
   }
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  parallel_chunks(p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t t = begin; t < end; ++t) {
       vector_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores);

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 
+#include "ops/kernels/ParallelChunks.h"
+
 namespace ember::kernels {
 namespace {
 
@@ -59,7 +61,7 @@ void channel_affine_planes_f32(const float* in, float* out, int64_t outer,
   const int64_t planes = outer * channels;
   const int64_t grain =
       std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1));
-  at::parallel_for(0, planes, grain, [&](int64_t begin, int64_t end) {
+  parallel_chunks(planes, grain, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t c = p % channels;
       affine_run(in + p * inner, out + p * inner, inner, scale[c], shift[c]);
@@ -72,7 +74,7 @@ void channel_affine_rows_f32(const float* in, float* out, int64_t rows,
                              const float* shift) {
   const int64_t grain =
       std::max<int64_t>(1, kGrain / std::max<int64_t>(channels, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  parallel_chunks(rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       affine_row(in + r * channels, out + r * channels, channels, scale, shift);
     }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/ParallelChunks.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (_mm512_undefined_*) as uninitialised.
@@ -226,7 +227,7 @@ bool vector_math_supported() {
 }
 
 void tanh_f32(const float* in, float* out, int64_t n) {
-  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
     tanh_chunk(in + begin, out + begin, end - begin);
   });
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/ParallelChunks.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (_mm512_undefined_*) as uninitialised.
@@ -191,7 +192,7 @@ void max_pool2d_forward(const MaxPool2d& p, const float* in, float* out,
                         int64_t* indices) {
   const int64_t rows = p.planes * p.out_height;
   const int64_t out_plane = p.out_height * p.out_width;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  parallel_chunks(rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const int64_t plane = r / p.out_height;
       const int64_t oh = r % p.out_height;

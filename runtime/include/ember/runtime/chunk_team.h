@@ -19,8 +19,13 @@ using ChunkFn = void (*)(const void* context, int64_t chunk);
 // Runs fn(context, i) for every i in [0, chunks) on the calling thread and
 // up to threads - 1 helper threads of the calling thread's own team
 // (started on first use; they inherit the caller's CPU affinity). Returns
-// when every chunk has run. fn must not throw.
+// when every chunk has run. fn must not throw. Called from inside a chunk,
+// it runs the chunks inline.
 void run_chunks(int64_t chunks, int threads, ChunkFn fn, const void* context);
+
+// Whether the calling thread is running a chunk (so a parallel loop inside
+// it should not start threads of its own).
+bool in_run_chunks();
 
 template <class Body>
 void run_chunks(int64_t chunks, int threads, const Body& body) {
