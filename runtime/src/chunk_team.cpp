@@ -58,8 +58,10 @@ struct TeamState {
   }
 };
 
-void helper_loop(std::shared_ptr<TeamState> state) {
-  uint32_t seen = state->generation.load(std::memory_order_acquire);
+// `seen` is the generation the team had when the helper was started (0: a
+// new state), not what it reads once it runs: the caller may already have
+// published its first job by then, and that job is the helper's too.
+void helper_loop(std::shared_ptr<TeamState> state, uint32_t seen) {
   for (;;) {
     const auto deadline = std::chrono::steady_clock::now() + kHelperSpin;
     uint32_t now = seen;
@@ -115,7 +117,7 @@ class Team {
     state_ = std::make_shared<TeamState>();
     helpers_ = helpers;
     for (int i = 0; i < helpers; ++i) {
-      std::thread(helper_loop, state_).detach();
+      std::thread(helper_loop, state_, 0u).detach();
     }
   }
 
