@@ -111,34 +111,6 @@ def test_routes_are_native_and_packed(capfd):
     assert info["packs"] == 2 and info["hits"] >= 2 and info["entries"] == 2
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
-def test_skinny_results_do_not_depend_on_threads_or_timing(m):
-    """The skinny kernel splits its weight into chunks that whichever thread
-    is free takes (a late thread is never waited for): every output column is
-    still summed by one thread in k order, so 1, 2 or 4 threads, launched or
-    synchronous, give the same bits, call after call."""
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("the skinny kernel needs AVX-512F")
-    torch.manual_seed(m)
-    lin = torch.nn.Linear(768, 3072).to(DEVICE)  # 9 MiB: dozens of chunks
-    x = torch.randn(m, 768, device=DEVICE)
-    lin(x)  # packs the weight
-    threads = torch.get_num_threads()
-    results = []
-    try:
-        for n in (1, 2, 4):
-            torch.set_num_threads(n)
-            for launched in (False, True):
-                with be.flags(async_execution=launched):
-                    results += [lin(x) for _ in range(3)]
-    finally:
-        torch.set_num_threads(threads)
-    first = results[0].cpu()
-    _check_fp32(first, x.cpu(), lin.weight.detach().cpu().t(), lin.bias.detach().cpu())
-    for out in results[1:]:
-        assert torch.equal(out.cpu(), first)
-
-
 def test_weight_writes_invalidate_packs():
     torch.manual_seed(0)
     lin = torch.nn.Linear(32, 24).to(DEVICE)
