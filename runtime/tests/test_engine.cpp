@@ -98,8 +98,15 @@ TEST(Engine, ErrorIsRaisedAtTheNextSynchronizeWithTheOpName) {
   StreamPool pool(1);
   Stream& stream = pool.create();
   std::atomic<bool> later_ran{false};
-  stream.enqueue("aten::boom", [] { throw std::runtime_error("bad shape"); });
+  // The failing op waits until the next op is queued: an error that is
+  // already pending is raised by the next enqueue instead (tested below).
+  std::atomic<bool> both_queued{false};
+  stream.enqueue("aten::boom", [&both_queued] {
+    while (!both_queued) std::this_thread::yield();
+    throw std::runtime_error("bad shape");
+  });
   stream.enqueue("aten::after", [&later_ran] { later_ran = true; });
+  both_queued = true;
   const std::string message = error_of([&] { stream.synchronize(); });
   EXPECT_NE(message.find("aten::boom"), std::string::npos) << message;
   EXPECT_NE(message.find("bad shape"), std::string::npos) << message;
