@@ -249,6 +249,29 @@ def test_all_cores_warms_up_and_starts_threads_together():
         assert ns == [250, 1000, 1000, 1000, 1000]  # a warm-up call first
 
 
+def test_settling_waits_for_a_busy_thread_of_the_process_to_stop():
+    """Between samples the harness waits while another thread of the process
+    still runs (a runtime's spinning worker), and not once all are idle."""
+    import threading
+
+    done = threading.Event()
+
+    def busy():  # matrix products run outside the GIL: the thread stays runnable
+        a = torch.randn(768, 768)
+        while not done.is_set():
+            a @ a
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        # The thread keeps running: settling gives up after its limit.
+        assert harness.settle_threads(0.3) >= 0.3
+    finally:
+        done.set()
+        worker.join()
+    assert harness.settle_threads(5.0) < 1.0  # nothing runs: returns at once
+
+
 def test_compare():
     a = (torch.ones(3), torch.arange(3))
     assert harness.compare(a, a, 1e-3)[:2] == (0.0, 0.0)

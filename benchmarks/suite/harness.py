@@ -29,6 +29,7 @@ import gc
 import math
 import os
 import statistics
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -54,6 +55,7 @@ class Settings:
     warmup: int = 2  # runs after the first one, before timing
     sample_s: float = 0.02  # a sample lasts at least this long (number >= 1)
     pause_s: float = 0.005  # idle between samples (lets spinning worker threads sleep)
+    settle_max_s: float = 0.25  # ... and then up to this long until the other threads idle
     wait_idle_s: float = 0.0  # before timing, wait up to this long for other load < 0.15 cores
     tiny: bool = False
 
@@ -169,6 +171,42 @@ def wait_idle(max_s: float, threshold: float = 0.15, window_s: float = 1.0) -> f
         other = ((b[0] - a[0]) - (b[1] - a[1])) / os.sysconf("SC_CLK_TCK") / window_s
         if other < threshold:
             break
+    return time.perf_counter() - t0
+
+
+def _other_threads_running() -> bool | None:
+    """Whether a thread of this process other than the calling one is runnable
+    (state R); None where /proc cannot tell."""
+    me = str(threading.get_native_id())
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if tid == me:
+                continue
+            try:
+                with open(f"/proc/self/task/{tid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "R":
+                        return True
+            except (OSError, IndexError):
+                continue  # the thread ended
+    except OSError:
+        return None
+    return False
+
+
+def settle_threads(max_s: float, quiet_polls: int = 3, poll_s: float = 0.001) -> float:
+    """Waits (up to ``max_s``) until no other thread of the process is runnable in
+    ``quiet_polls`` polls in a row. Runtimes' worker threads spin after a run
+    (ONNX Runtime's for tens of ms) and would take a core from the system timed
+    next. Thread states, not CPU times: a spinning thread's CPU time is only
+    brought up to date at the scheduler's tick. Returns the wait."""
+    t0 = time.perf_counter()
+    quiet = 0
+    while quiet < quiet_polls and time.perf_counter() - t0 < max_s:
+        running = _other_threads_running()
+        if running is None:
+            break
+        quiet = 0 if running else quiet + 1
+        time.sleep(poll_s)
     return time.perf_counter() - t0
 
 
@@ -400,6 +438,7 @@ def _time(
                 res.status, res.reason = "error", f"during timing: {type(e).__name__}: {e}"[:300]
                 names.remove(n)
             time.sleep(s.pause_s)
+            settle_threads(s.settle_max_s)
         rounds += 1
         elapsed = time.perf_counter() - t0
         progress(f"{result.name}: timing, round {rounds}")

@@ -331,8 +331,10 @@ METHOD = """\
 - **Systems run in the same process, interleaved.** For each workload every
   system is prepared (export, compile or copy to the device), run once and
   warmed up; then timing goes in rounds, one sample of every system per
-  round, in an order that rotates each round, with a short pause between
-  samples so worker threads that spin after a run go to sleep. A sample is
+  round, in an order that rotates each round. Between samples the harness
+  waits until no other thread of the process is runnable (up to
+  {settle_ms:g} ms): worker threads that spin after a run (ONNX Runtime's
+  for ~40 ms) would otherwise take a core from the system timed next. A sample is
   enough back-to-back runs to last >= {sample_ms:g} ms (garbage collector off)
   and gives the mean time of one run. Rounds stop after {rounds}, or once
   {budget:g} s are spent and at least {min_rounds} are done.
@@ -445,6 +447,7 @@ def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots
         "",
         METHOD.format(
             sample_ms=s["sample_s"] * 1e3,
+            settle_ms=s.get("settle_max_s", 0.25) * 1e3,
             rounds=s["rounds"],
             budget=s["budget_s"],
             min_rounds=s["min_rounds"],

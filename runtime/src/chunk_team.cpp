@@ -29,14 +29,17 @@ constexpr auto kHelperSpin = std::chrono::microseconds(50);
 // in one word, so a helper can claim a chunk only of the job it saw: a
 // claim that succeeds proves the job is unfinished, so its fn and context
 // are still alive.
-struct TeamState {
+// Cache-line aligned: idle helpers poll `generation`, and a line shared
+// with data that other threads write would bounce between cores. `done`,
+// which every chunk writes, has a line of its own.
+struct alignas(64) TeamState {
   std::atomic<uint64_t> ticket{0};  // generation << 32 | next chunk
   std::atomic<uint32_t> generation{0};
-  std::atomic<int64_t> done{0};
   std::atomic<bool> stop{false};
   ChunkFn fn = nullptr;
   const void* context = nullptr;
   std::atomic<int64_t> chunks{0};
+  alignas(64) std::atomic<int64_t> done{0};
 
   // Claims and runs chunks of job `gen` until none is left.
   void work(uint32_t gen) {

@@ -193,8 +193,11 @@ class Stream final {
   // Queued work not finished, plus kErrorFlag while an error waits to be
   // reported: run()'s fast path is a single load of this.
   static constexpr int64_t kErrorFlag = int64_t{1} << 62;
-  std::atomic<int64_t> pending_{0};
-  std::mutex mutex_;
+  // On a cache line of its own: an idle worker polls it, and a line shared
+  // with data the host writes would bounce between their cores on every
+  // write.
+  alignas(64) std::atomic<int64_t> pending_{0};
+  alignas(64) std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
   // Threads blocked on done_cv_, by what they wait for (guarded by mutex_):
