@@ -441,3 +441,70 @@ def test_ember_gemm_rejects_an_unknown_activation():
     a = _randn(20, 8)
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         torch.ops.ember.gemm(None, a, _randn(8, 4), "swish")
+
+
+# --------------------------------------------------------------------------- C++ kernels on the stream
+
+
+def _sleep_on_current_stream(seconds: float) -> None:
+    stream = torch.ember.current_stream()
+    torch_ember._C._engine_enqueue_sleep(stream.device_index, stream.stream_id, seconds)
+
+
+def _launched_cpp_kernels() -> int:
+    return sum(v["launched"] for k, v in torch_ember.launch_stats().items() if k.startswith("cpp_"))
+
+
+def test_cpp_kernels_are_launched_on_the_stream_behind_queued_work():
+    """Under asynchronous execution a generated C++ kernel is queued like an
+    eager op: the call returns while the work before it is still queued, and
+    the result is the one of synchronous execution."""
+    model, x = _mlp(), _randn(8, 32)
+    with torch.backends.ember.flags(async_execution=True):
+        compiled = torch.compile(model)
+        expected = model(x)
+        for _ in range(3):  # compiles; packs the weights on their second use
+            _assert_close(compiled(x), expected)
+        torch_ember.reset_launch_stats()
+        _sleep_on_current_stream(1.0)
+        out = compiled(x)
+        assert not torch.ember.current_stream().query()  # did not wait for the sleep
+        assert _launched_cpp_kernels() >= 2  # GELU, LayerNorm
+        _assert_close(out, expected)
+
+
+def test_cpp_kernels_run_at_the_call_when_execution_is_synchronous():
+    model, x = _mlp(), _randn(8, 32)
+    with torch.backends.ember.flags(async_execution=False):
+        compiled = torch.compile(model)
+        torch_ember.reset_launch_stats()
+        _assert_close(compiled(x), model(x))
+        assert _launched_cpp_kernels() == 0
+
+
+def test_cpp_kernel_launch_refuses_arguments_it_cannot_pass():
+    """A float scalar, a CPU tensor or a tensor of another device is not
+    launched (the wrapper then calls the kernel itself); nothing is queued."""
+    on_cpu, on_ember = torch.ones(2), torch.ones(2, device=DEVICE)
+    with torch.backends.ember.flags(async_execution=True):
+        torch_ember.reset_launch_stats()
+        for args in [(on_ember, 1.5), (on_cpu,), (on_ember, object())]:
+            # the address is never called when the arguments are refused
+            assert not torch_ember._C.launch_cpp_kernel(None, "cpp_refused", 1, args)
+        assert _launched_cpp_kernels() == 0
+
+
+def test_a_launched_cpp_kernels_error_is_raised_at_the_next_sync_with_its_name():
+    """As with an eager op: the kernel's C++ exception (integer division by zero)
+    reaches the host at the next synchronisation, naming the kernel; the
+    stream works afterwards."""
+    fn = torch.compile(lambda a, b: (a // b) + 1)
+    a = torch.arange(8, device=DEVICE)
+    zero_at_2 = torch.tensor([1, 2, 0, 1, 1, 1, 1, 1], device=DEVICE)
+    with torch.backends.ember.flags(async_execution=True):
+        fn(a, zero_at_2 + 1)  # compiles
+        torch.ember.synchronize()
+        fn(a, zero_at_2)
+        with pytest.raises(RuntimeError, match=r"cpp_fused_\w+.*ZeroDivisionError"):
+            torch.ember.synchronize()
+        assert torch.equal(fn(a, zero_at_2 + 1).cpu(), a.cpu() // (zero_at_2.cpu() + 1) + 1)

@@ -25,10 +25,11 @@
 namespace py = pybind11;
 
 namespace ember {
-void bind_flags(py::module& parent);  // FlagsBindings.cpp
-void bind_ecosystem(py::module& m);   // EcosystemBindings.cpp
-void bind_engine(py::module& m);      // EngineBindings.cpp
-void bind_ipc(py::module& m);         // IpcBindings.cpp
+void bind_flags(py::module& parent);        // FlagsBindings.cpp
+void bind_ecosystem(py::module& m);         // EcosystemBindings.cpp
+void bind_engine(py::module& m);            // EngineBindings.cpp
+void bind_ipc(py::module& m);               // IpcBindings.cpp
+void bind_compiled_kernels(py::module& m);  // CompiledKernelBindings.cpp
 
 namespace {
 
@@ -280,4 +281,5 @@ PYBIND11_MODULE(_C, m) {
   bind_ecosystem(m);
   bind_engine(m);
   bind_ipc(m);
+  bind_compiled_kernels(m);
 }

@@ -10,8 +10,9 @@ is host memory, so:
   ``data_ptr()`` is a valid host pointer;
 - wrapper: Inductor's Python wrapper with two ember-specific lines -- buffers
   are allocated on their ember device (``empty_strided(..., device=ember:i)``),
-  and a C++ kernel is called directly (no stream argument); extern kernels
-  (``aten.addmm(..., out=buf)``) dispatch to ember like any eager call;
+  and a C++ kernel is launched on the device's stream like an eager op
+  (``kernel_launch.py``); extern kernels (``aten.addmm(..., out=buf)``)
+  dispatch to ember like any eager call;
 - C++ wrapper (``torch._inductor.config.cpp_wrapper``, AOTInductor): not
   supported -- it calls ATen through AOTI's per-device C shims, which exist
   for cpu/cuda/xpu/mps only; asking for it raises a clear error;
@@ -70,12 +71,12 @@ class _EmberWrapperLines:
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if device.type == DEVICE_TYPE and not kwargs.get("triton", True):
-            # a C++ kernel: a plain call on host pointers, as on CPU, once the
-            # ops launched before it on its device's stream (extern kernels)
-            # have run
-            index = "" if device.index is None else device.index
-            self.writeline(f"{_wait_for_stream_name(self)}({index})")
-            self.writeline(self.wrap_kernel_call(kernel_name, call_args))
+            # a C++ kernel: queued on its device's current stream behind the
+            # ops launched before it (extern kernels), as an eager op is
+            # (torch_ember/compile/kernel_launch.py)
+            index = None if device.index is None else device.index
+            args = ", ".join([str(index), repr(kernel_name), kernel_name, *call_args])
+            self.writeline(f"{_launch_name(self)}({args}){self.ending}")
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
 
@@ -93,15 +94,15 @@ def _device_name(wrapper: PythonWrapperCodegen, index: int) -> str:
     return name
 
 
-def _wait_for_stream_name(wrapper: PythonWrapperCodegen) -> str:
-    """The generated code's name for ``torch_ember._C.wait_for_current_stream``."""
+def _launch_name(wrapper: PythonWrapperCodegen) -> str:
+    """The generated code's name for ``torch_ember.compile.kernel_launch.launch_cpp``."""
     root = wrapper
     while isinstance(root, SubgraphPythonWrapperCodegen):
         root = root.parent_wrapper
-    name = "ember_wait_for_stream"
-    if not root.__dict__.get("_ember_wait_imported"):
-        root.__dict__["_ember_wait_imported"] = True
-        root.header.writeline(f"from torch_ember._C import wait_for_current_stream as {name}")
+    name = "ember_launch_cpp"
+    if not root.__dict__.get("_ember_launch_imported"):
+        root.__dict__["_ember_launch_imported"] = True
+        root.header.writeline(f"from torch_ember.compile.kernel_launch import launch_cpp as {name}")
     return name
 
 

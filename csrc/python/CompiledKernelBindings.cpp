@@ -1,0 +1,137 @@
+// torch_ember._C.launch_cpp_kernel: Inductor's generated C++ kernels on
+// ember, launched on the device's stream as ember's own ops are.
+//
+// A generated kernel is an `extern "C" void kernel(...)` taking raw pointers
+// and int64 sizes. The compiled code's wrapper used to wait for the stream
+// and call it on the host, so a compiled model lost the host/worker overlap
+// that eager execution has. Launched, it runs on the stream's worker in
+// order with the extern kernels (ATen ops) around it; the tensors it touches
+// are kept alive until it has run. Pointer and int64 arguments are passed
+// in integer registers and on the stack alike (System V x86-64 ABI), so the
+// kernel is called through a function type of N 64-bit words; a kernel with
+// any other argument (a float scalar) is not launched.
+#include <ATen/core/Tensor.h>
+#include <omp.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/RuntimeErrors.h"
+#include "ember/runtime/device.h"
+#include "graphs/GraphCapture.h"
+#include "ops/DeviceScope.h"
+#include "ops/LaunchStats.h"
+
+namespace py = pybind11;
+
+namespace ember {
+namespace {
+
+namespace rt = ember::runtime;
+
+using Word = uint64_t;
+constexpr std::size_t kMaxKernelArgs = 32;
+
+template <std::size_t... I>
+void call_with_words(void* fn, const Word* words, std::index_sequence<I...>) {
+  using Kernel = void (*)(decltype((void)I, Word{})...);
+  reinterpret_cast<Kernel>(fn)(words[I]...);
+}
+
+template <std::size_t N>
+void call_n(void* fn, const Word* words) {
+  call_with_words(fn, words, std::make_index_sequence<N>{});
+}
+
+using Caller = void (*)(void*, const Word*);
+
+template <std::size_t... N>
+constexpr std::array<Caller, sizeof...(N)> make_callers(
+    std::index_sequence<N...>) {
+  return {&call_n<N>...};
+}
+
+// kCallers[n] calls a kernel of n word arguments.
+constexpr auto kCallers =
+    make_callers(std::make_index_sequence<kMaxKernelArgs + 1>{});
+
+struct KernelCall {
+  void* fn;
+  std::vector<Word> words;
+  std::vector<at::Tensor> tensors;  // their memory outlives the kernel's run
+  // Generated kernels parallelise with OpenMP, whose regions end at a
+  // barrier every team thread must reach. The host thread runs Python on
+  // one of the device's cores meanwhile: a team as large as the device
+  // would wait at each barrier for a thread the host displaced (the batch-1
+  // MLP's kernel took 215 us instead of 50). The team leaves that core to
+  // the host; LaunchedWork sets the count back for the next op.
+  void operator()() const {
+    omp_set_num_threads(std::max(1, omp_get_max_threads() - 1));
+    kCallers[words.size()](fn, words.data());
+  }
+};
+
+// The kernel's arguments as words, or nothing if one is neither an ember
+// tensor of `device` nor an int.
+std::optional<KernelCall> kernel_call(void* fn, const py::tuple& args,
+                                      c10::DeviceIndex device) {
+  if (args.size() > kMaxKernelArgs) return std::nullopt;
+  KernelCall call{fn, {}, {}};
+  call.words.reserve(args.size());
+  for (const py::handle arg : args) {
+    if (THPVariable_Check(arg.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(arg.ptr());
+      if (!t.defined() || !t.is_privateuseone() || t.device().index() != device)
+        return std::nullopt;
+      call.words.push_back(reinterpret_cast<uintptr_t>(t.data_ptr()));
+      call.tensors.push_back(t);
+    } else if (PyLong_CheckExact(arg.ptr())) {
+      int overflow = 0;
+      const long long value =
+          PyLong_AsLongLongAndOverflow(arg.ptr(), &overflow);
+      if (overflow != 0) return std::nullopt;
+      call.words.push_back(static_cast<Word>(value));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return call;
+}
+
+}  // namespace
+
+void bind_compiled_kernels(py::module& m) {
+  m.def(
+      "launch_cpp_kernel",
+      [](std::optional<int> device, const std::string& name, uintptr_t address,
+         const py::tuple& args) {
+        if (!launch_async() || capture::underway() || address == 0) {
+          return false;
+        }
+        const auto index = static_cast<c10::DeviceIndex>(
+            device.value_or(rt::current_device()));
+        std::optional<KernelCall> call =
+            kernel_call(reinterpret_cast<void*>(address), args, index);
+        if (!call) return false;
+        const char* kept = capture::interned(name);
+        translate_runtime_errors(
+            [&] { launch_on_device(index, kept, std::move(*call)); });
+        count_launch(kept);
+        return true;
+      },
+      py::arg("device"), py::arg("name"), py::arg("address"), py::arg("args"),
+      "Queues a generated C++ kernel (its address, its pointer and int "
+      "arguments) on the current stream of an ember device. False, with "
+      "nothing queued, when it cannot be launched: asynchronous execution "
+      "off, a graph capture underway, or an argument that is not an ember "
+      "tensor of that device or an int.");
+}
+
+}  // namespace ember

@@ -1,0 +1,48 @@
+"""Inductor's C++ kernels on ember, launched on the device's stream.
+
+The Python wrapper of a compiled graph calls ``ember_launch_cpp(device, name,
+kernel, *args)`` for each generated C++ kernel on ember. The kernel is queued
+on the device's current stream like an eager op (``torch_ember._C.
+launch_cpp_kernel``: its C entry point, called on the stream's worker with the
+tensors' data pointers), so the host goes on with the graph while it runs.
+When it cannot be launched (asynchronous execution off, a graph capture
+underway, an argument other than an ember tensor or an int) the wrapper waits
+for the stream and calls the kernel here, as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from torch_ember import _C
+
+# A generated kernel (its Python binding) -> the address of its C entry point
+# (0: not found). The bindings live as long as Inductor's code cache keeps
+# their modules.
+_entry_points: dict[object, int] = {}
+
+
+def entry_point(kernel) -> int:
+    """The address of the ``extern "C" kernel`` behind Inductor's Python
+    binding ``kernel`` (a function of the extension module it was built in)."""
+    try:
+        return _entry_points[kernel]
+    except KeyError:
+        pass
+    address = 0
+    path = getattr(getattr(kernel, "__self__", None), "__file__", None)
+    if path:
+        try:
+            address = ctypes.cast(ctypes.CDLL(path).kernel, ctypes.c_void_p).value or 0
+        except (OSError, AttributeError):
+            address = 0
+    _entry_points[kernel] = address
+    return address
+
+
+def launch_cpp(device: int | None, name: str, kernel, *args) -> None:
+    """Runs a generated C++ kernel of ``device``: queued on its current stream
+    when it can be, else after that stream's work, on this thread."""
+    if not _C.launch_cpp_kernel(device, name, entry_point(kernel), args):
+        _C.wait_for_current_stream(device)
+        kernel(*args)
