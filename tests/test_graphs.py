@@ -408,6 +408,32 @@ def test_compile_reduce_overhead_on_the_ember_backend_replays_a_graph():
         assert torch.equal(compiled(other).cpu(), model(other).cpu())
 
 
+def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
+    """A replay reads the parameters' memory as captured: after `param.data =
+    ...` (new storage, same Parameter object) the graph is captured again."""
+    from torch_ember.compile import graphed
+
+    torch._dynamo.reset()
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode():
+        # not frozen: the parameters are the graph's inputs (a frozen graph
+        # keeps the values it was compiled with, docs/compile.md)
+        compiled = torch.compile(
+            model, backend="ember", options={"graphs": True, "freezing": False}
+        )
+        for _ in range(4):  # two warm-ups, the capture, one replay
+            compiled(x)
+        before = dict(graphed.counters)
+    weight = next(model.parameters())
+    weight.data = weight.data * 2
+    with torch.inference_mode():
+        expected = model(x).cpu()
+        for _ in range(4):  # whether Dynamo recompiles or the replay notices
+            assert torch.equal(compiled(x).cpu(), expected)
+        assert graphed.counters["captures"] > before["captures"]
+
+
 def test_compile_graphs_falls_back_to_eager_with_a_warning():
     torch._dynamo.reset()
 

@@ -30,11 +30,22 @@ import torch
 counters = {"captures": 0, "replays": 0, "eager_fallbacks": 0}
 
 
-def _signature(args) -> tuple:
-    return tuple(
-        (tuple(a.shape), a.dtype, str(a.device)) if isinstance(a, torch.Tensor) else (type(a), a)
-        for a in args
-    )
+def _signature(args) -> tuple | str:
+    """The replay key of a call (shapes, dtypes, devices; other arguments by
+    value), or why the call cannot be replayed. One pass: it runs every call."""
+    grad = torch.is_grad_enabled()
+    key = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            device = a.device
+            if device.type != "ember":
+                return "an input is not an ember tensor"
+            if grad and a.requires_grad:
+                return "graphs are for inference (grad is enabled)"
+            key.append((a.shape, a.dtype, device))
+        else:
+            key.append((type(a), a))
+    return tuple(key)
 
 
 class _Entry:
@@ -45,6 +56,9 @@ class _Entry:
         self.static: list = []
         self.graph = None
         self.outputs = None
+        # data_ptr() of each static input at capture: a fixed input is the
+        # caller's own tensor, whose memory `param.data = ...` can replace
+        self.static_pointers: list[int | None] = []
 
 
 class GraphedModule:
@@ -69,15 +83,14 @@ class GraphedModule:
     def __call__(self, *args):
         if self.eager_reason is not None:
             return self.gm(*args)
-        if torch.is_grad_enabled() and any(
-            isinstance(a, torch.Tensor) and a.requires_grad for a in args
-        ):
-            return self._eager("graphs are for inference (grad is enabled)", args)
-        if any(isinstance(a, torch.Tensor) and a.device.type != "ember" for a in args):
-            return self._eager("an input is not an ember tensor", args)
-        entry = self.entries.setdefault(_signature(args), _Entry())
-        if entry.graph is not None:
-            return self._replay(entry, args)
+        signature = _signature(args)
+        if isinstance(signature, str):
+            return self._eager(signature, args)
+        entry = self.entries.get(signature)
+        if entry is None:
+            entry = self.entries[signature] = _Entry()
+        elif entry.graph is not None:
+            return self._replay(entry, args, signature)
         pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         entry.fixed = (
             [p is not None and p == q for p, q in zip(pointers, entry.pointers)]
@@ -105,19 +118,24 @@ class GraphedModule:
             return self._eager(str(e).splitlines()[0], args)
         counters["captures"] += 1
         entry.graph, entry.outputs = graph, outputs
+        entry.static_pointers = [
+            s.data_ptr() if isinstance(s, torch.Tensor) else None for s in entry.static
+        ]
         return outputs
 
-    def _replay(self, entry: _Entry, args):
-        for i, (static, given) in enumerate(zip(entry.static, args)):
-            if not isinstance(given, torch.Tensor):
+    def _replay(self, entry: _Entry, args, signature: tuple):
+        for static, pointer, given, fixed in zip(
+            entry.static, entry.static_pointers, args, entry.fixed
+        ):
+            if not isinstance(given, torch.Tensor) or given.data_ptr() == pointer:
                 continue
-            if entry.fixed[i]:
-                if given.data_ptr() != static.data_ptr():
-                    # A fixed input (a parameter) moved: capture again.
-                    self.entries.pop(_signature(args), None)
-                    return self(*args)
-            elif given.data_ptr() != static.data_ptr():
-                static.copy_(given)
+            if fixed:
+                # A fixed input (a parameter) has other memory than at capture
+                # (`param.data = ...`, a new tensor): capture again, as CUDA
+                # graph trees re-record when a static input moves.
+                self.entries.pop(signature, None)
+                return self(*args)
+            static.copy_(given)
         entry.graph.replay()
         counters["replays"] += 1
         return entry.outputs
