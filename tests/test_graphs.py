@@ -434,6 +434,32 @@ def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
         assert graphed.counters["captures"] > before["captures"]
 
 
+@pytest.mark.parametrize("async_execution", [True, False])
+def test_capturing_compiled_code_records_its_cpp_kernels(async_execution):
+    """Code compiled by the default Inductor backend can be captured as CUDA's
+    can: its generated C++ kernels are recorded like ops, and a replay gives
+    the compiled call's bits for the new input."""
+    torch._dynamo.reset()
+    model = _mlp().eval()
+    compiled = torch.compile(model)
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode(), torch.backends.ember.flags(async_execution=async_execution):
+        for _ in range(3):  # compiles; packs the weights on their second use
+            compiled(x)
+        torch_ember.reset_launch_stats()
+        side = torch.ember.Stream()
+        side.wait_stream(torch.ember.current_stream())
+        graph = torch.ember.EmberGraph()
+        with torch.ember.graph(graph, stream=side):
+            out = compiled(x)
+        recorded = {k for k in torch_ember.launch_stats() if k.startswith("cpp_")}
+        assert recorded  # the kernels went through the capture
+        new = torch.randn(2, 32, device=DEV)
+        x.copy_(new)
+        graph.replay()
+        assert torch.equal(out.cpu(), compiled(new.clone()).cpu())
+
+
 def test_compile_graphs_falls_back_to_eager_with_a_warning():
     torch._dynamo.reset()
 

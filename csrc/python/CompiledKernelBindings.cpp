@@ -112,11 +112,14 @@ void bind_compiled_kernels(py::module& m) {
       "launch_cpp_kernel",
       [](std::optional<int> device, const std::string& name, uintptr_t address,
          const py::tuple& args) {
-        if (!launch_async() || capture::underway() || address == 0) {
-          return false;
-        }
+        if (address == 0) return false;
         const auto index = static_cast<c10::DeviceIndex>(
             device.value_or(rt::current_device()));
+        // A capturing stream records the launch (its graph replays the
+        // kernel), whichever engine runs ops.
+        const bool capturing =
+            capture::underway() && capture::graph_for(index) != nullptr;
+        if (!launch_async() && !capturing) return false;
         std::optional<KernelCall> call =
             kernel_call(reinterpret_cast<void*>(address), args, index);
         if (!call) return false;
@@ -128,10 +131,10 @@ void bind_compiled_kernels(py::module& m) {
       },
       py::arg("device"), py::arg("name"), py::arg("address"), py::arg("args"),
       "Queues a generated C++ kernel (its address, its pointer and int "
-      "arguments) on the current stream of an ember device. False, with "
-      "nothing queued, when it cannot be launched: asynchronous execution "
-      "off, a graph capture underway, or an argument that is not an ember "
-      "tensor of that device or an int.");
+      "arguments) on the current stream of an ember device (recorded there "
+      "when that stream captures a graph). False, with nothing queued, when "
+      "it cannot be launched: asynchronous execution off and no capture, or "
+      "an argument that is not an ember tensor of that device or an int.");
 }
 
 }  // namespace ember

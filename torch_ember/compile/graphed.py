@@ -1,10 +1,10 @@
 """``backend="ember"`` with ``options={"graphs": True}`` (or
 ``mode="reduce-overhead"``): a Dynamo graph replayed as an ember graph.
 
-Inductor's C++ kernels write ember memory from the host, outside the
-dispatcher, so a capture cannot record them; this path therefore runs the
-Dynamo graph's ATen ops (ember's kernels: packed GEMMs, attention, ...) and
-captures them. Per input shape signature it
+This path runs the Dynamo graph's ATen ops (ember's kernels: packed GEMMs,
+attention, ...) and captures them. (Inductor's C++ kernels can be captured
+too now that they are launched through the stream, kernel_launch.py;
+capturing the Inductor-compiled graph here instead is not done yet.) Per input shape signature it
 
 1. runs the graph eagerly twice (warm-up: weights get packed, and inputs
    whose memory is the same on both calls, parameters and buffers lifted

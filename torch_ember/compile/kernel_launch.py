@@ -5,9 +5,11 @@ kernel, *args)`` for each generated C++ kernel on ember. The kernel is queued
 on the device's current stream like an eager op (``torch_ember._C.
 launch_cpp_kernel``: its C entry point, called on the stream's worker with the
 tensors' data pointers), so the host goes on with the graph while it runs.
-When it cannot be launched (asynchronous execution off, a graph capture
-underway, an argument other than an ember tensor or an int) the wrapper waits
-for the stream and calls the kernel here, as before.
+A stream that captures a graph records the launch, so compiled code can be
+captured into an ember graph under either engine. When the kernel cannot be
+launched (synchronous execution outside a capture, an argument other than an
+ember tensor or an int) the wrapper waits for the stream and calls the kernel
+here, as before.
 """
 
 from __future__ import annotations
