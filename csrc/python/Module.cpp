@@ -197,11 +197,10 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;  // queued work never needs the GIL
     translate_runtime_errors([&] { rt::device(device).synchronize(); });
   });
-  // Host code about to touch ember memory directly (Inductor's C++
-  // kernels): waits for the work launched on the current stream of the
-  // current device. One atomic load when nothing is queued.
-  // Compiled code's C++ kernels read and write ember memory directly: they
-  // first wait for the ops launched on their device's current stream.
+  // Host code about to touch ember memory directly (a compiled graph's C++
+  // kernel that is not launched, compile/kernel_launch.py): waits for the
+  // work queued on the current stream of its device (default: the current
+  // device). One atomic load when nothing is queued.
   m.def(
       "wait_for_current_stream",
       [](std::optional<int> device) {
