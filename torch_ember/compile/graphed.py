@@ -2,9 +2,10 @@
 ``mode="reduce-overhead"``): a Dynamo graph replayed as an ember graph.
 
 This path runs the Dynamo graph's ATen ops (ember's kernels: packed GEMMs,
-attention, ...) and captures them. (Inductor's C++ kernels can be captured
-too now that they are launched through the stream, kernel_launch.py;
-capturing the Inductor-compiled graph here instead is not done yet.) Per input shape signature it
+attention, ...) and captures them. Inductor's C++ kernels can be captured too
+(they are launched through the stream, kernel_launch.py), but capturing the
+Inductor-compiled graph here was slower on the batch-1 MLP and is not done.
+Per input shape signature it
 
 1. runs the graph eagerly twice (warm-up: weights get packed, and inputs
    whose memory is the same on both calls, parameters and buffers lifted
