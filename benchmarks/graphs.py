@@ -13,6 +13,12 @@ memory the graph holds (ember memory allocated by capture, and the graph
 pool's reserved bytes). Checks that replayed tokens equal ember eager's and
 replayed MLP outputs equal eager's bit for bit.
 
+A second table runs the same steps through ``torch.compile`` (the default
+Inductor backend) with and without ``mode="reduce-overhead"``, which on ember
+captures the compiled code and replays it (``torch_ember/compile/
+inductor_graphs.py``); replays are checked against the compiled code's own
+outputs (bitwise for the MLP, the same tokens for the decode).
+
     python benchmarks/graphs.py [--tokens 32] [--out docs/bench/graphs.md]
 
 ``make bench-graphs`` runs it.
@@ -73,6 +79,31 @@ def _result(times: dict, unit: str, capture: tuple, ok: bool, check: str) -> dic
     }
 
 
+def _compiled_times(step, number: int, repeats: int) -> tuple[dict, bool]:
+    """``step(mode)`` -> (a callable running one step, a function giving its
+    last result on the host). Times the compiled step without and with
+    reduce-overhead; True if the replays gave the compiled code's results."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()
+    times, results = {}, {}
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        for name, mode in (("compiled", None), ("reduce-overhead", "reduce-overhead")):
+            run, result = step(mode)
+            for _ in range(3):  # compile; reduce-overhead: two warm-ups and the capture
+                run()
+
+            def timed(run=run):
+                run()
+                torch.ember.synchronize()
+
+            times[name] = _median_time(timed, number, repeats)
+            results[name] = result()
+    torch._dynamo.reset()
+    return times, torch.equal(results["compiled"], results["reduce-overhead"])
+
+
 def bench_mlp(repeats: int) -> dict:
     w = workloads.mlp()
     x = w.inputs[0]
@@ -99,7 +130,25 @@ def bench_mlp(repeats: int) -> dict:
         rows["ember-graph"] = _median_time(replay, 2000, repeats)
         graph.replay()
         equal = torch.equal(static_out.cpu(), ember_model(xe)[0].cpu())
-    return _result(rows, "call", capture, equal, "replay == eager bitwise")
+
+        def compiled_step(mode):
+            compiled = torch.compile(ember_model, mode=mode)
+            x_fixed = xe.clone()
+            box = []
+
+            def run():
+                box[:] = [compiled(x_fixed)[0]]
+
+            return run, lambda: box[0].cpu()
+
+        compiled, compiled_ok = _compiled_times(compiled_step, 2000, repeats)
+    result = _result(rows, "call", capture, equal, "replay == eager bitwise")
+    result["compiled"] = compiled
+    result["compiled_check"] = (
+        "replay == compiled bitwise" if compiled_ok else "**replay != compiled**"
+    )
+    result["ok"] = result["ok"] and compiled_ok
+    return result
 
 
 def _gpt2(device: str, prompt_len: int, max_len: int):
@@ -169,8 +218,26 @@ def bench_decode(tokens: int, prompt_len: int) -> dict:
         rows["ember-graph"] = (time.perf_counter() - start) / (tokens - 1)
         sequences["ember-graph"] = torch.cat([t.cpu() for t in seq], 1)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+        def compiled_step(mode):
+            model, cache, token, position = _gpt2("ember", prompt_len, max_len)
+            compiled = torch.compile(_step, mode=mode)
+            seq = []
+
+            def run():
+                compiled(model, cache, token, position)
+                seq.append(token.clone())
+
+            return run, lambda: torch.cat([t.cpu() for t in seq], 1)
+
+        compiled, compiled_ok = _compiled_times(compiled_step, tokens // 4, 3)
     same = torch.equal(sequences["ember-graph"], sequences["ember-eager"])
     result = _result(rows, "token", capture, same, "replayed tokens == ember eager's")
+    result["compiled"] = compiled
+    result["compiled_check"] = (
+        "same tokens as compiled" if compiled_ok else "**tokens differ from compiled**"
+    )
+    result["ok"] = result["ok"] and compiled_ok
     # Every step reads every weight once: weights / read bandwidth (measured
     # now, in this run) is the fastest a step can be, replayed or not.
     lib = peak._compile(False)
@@ -254,6 +321,30 @@ def markdown(meta: dict, results: dict[str, dict]) -> str:
             "bounds how far below ember eager any replay can go)."
         ),
     ]
+    lines += [
+        "",
+        '## torch.compile(mode="reduce-overhead") on ember',
+        "",
+        (
+            "The same steps compiled by the default Inductor backend, without and with "
+            '`mode="reduce-overhead"` (the compiled code captured on its third call and '
+            "replayed after it; docs/compile.md)."
+        ),
+        "",
+        (
+            "| workload | ember eager | compiled | compiled, reduce-overhead | "
+            "reduce-overhead / compiled | reduce-overhead / CPU eager | check |"
+        ),
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for name, r in results.items():
+        t, c = r["times"], r["compiled"]
+        lines.append(
+            f"| {name} (per {r['unit']}) | {t['ember-eager'] * 1e3:.3f} ms | "
+            f"{c['compiled'] * 1e3:.3f} ms | {c['reduce-overhead'] * 1e3:.3f} ms | "
+            f"{c['reduce-overhead'] / c['compiled']:.2f}x | "
+            f"{c['reduce-overhead'] / t['cpu-eager']:.2f}x | {r['compiled_check']} |"
+        )
     lines += streaming_lines(results.get("gpt2-decode-static", {}))
     return "\n".join(lines) + "\n"
 

@@ -508,3 +508,26 @@ def test_a_launched_cpp_kernels_error_is_raised_at_the_next_sync_with_its_name()
         with pytest.raises(RuntimeError, match=r"cpp_fused_\w+.*ZeroDivisionError"):
             torch.ember.synchronize()
         assert torch.equal(fn(a, zero_at_2 + 1).cpu(), a.cpu() // (zero_at_2.cpu() + 1) + 1)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_compiled_linears_use_packed_weights_and_see_in_place_writes(mode):
+    """Inductor's wrapper views a graph input (a transposed weight) through a
+    real view on ember: it shares the weight's version counter, so a pack is
+    dropped when the weight is written in place (before, under no_grad the
+    compiled linear kept using the old pack), and under inference_mode it is
+    not an inference tensor, so the weight is packed at all."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32).to(DEVICE).eval()
+    x = torch.randn(1, 64, device=DEVICE)
+    scope = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    before = torch.backends.ember.packed_weights_info()
+    with scope:
+        compiled = torch.compile(lin)
+        for _ in range(3):  # compile; the second sighting packs
+            compiled(x)
+        info = torch.backends.ember.packed_weights_info()
+        assert info["hits"] > before["hits"]
+        assert info["inference_tensors_refused"] == before["inference_tensors_refused"]
+        lin.weight.mul_(2)
+        torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu(), **TOL)

@@ -187,6 +187,45 @@ def test_replay_writes_captured_outputs_in_place():
         assert torch.equal(y.cpu(), net(x).cpu())
 
 
+@pytest.mark.parametrize("rows", [1, 64])  # the skinny kernel, oneDNN's packed GEMM
+@pytest.mark.parametrize("bias", [True, False])
+def test_out_forms_of_linears_replay_the_packed_kernels(rows, bias):
+    """Compiled code calls addmm/mm with out= (Inductor's extern kernels):
+    captured, they record the packed-weight kernel into the out= tensor, as
+    the functional forms do (before, the general GEMM ran at each replay,
+    1.5x slower on a GPT-2 projection), and a later write of the weight is seen."""
+    torch.manual_seed(0)
+    weight = torch.randn(48, 32, device=DEV)
+    b = torch.randn(48, device=DEV)
+    x = torch.randn(rows, 32, device=DEV)
+    out = torch.empty(rows, 48, device=DEV)
+
+    def step():
+        if bias:
+            torch.addmm(b, x, weight.t(), out=out)
+        else:
+            torch.mm(x, weight.t(), out=out)
+
+    with torch.inference_mode(), torch.backends.ember.flags(async_execution=True):
+        step()
+        step()  # packs the weight
+        expected = out.clone()
+        torch_ember.reset_launch_stats()
+        g = torch.ember.EmberGraph()
+        with torch.ember.graph(g):
+            step()
+        stats = torch_ember.launch_stats()
+        packed = "aten::addmm (skinny)" if rows == 1 else "aten::addmm (onednn)"
+        assert stats.get(packed, {}).get("launched", 0) == 1, stats
+        out.zero_()
+        g.replay()
+        assert torch.equal(out.cpu(), expected.cpu())
+        weight.mul_(2)
+        g.replay()
+        reference = x.cpu() @ weight.cpu().t() + (b.cpu() if bias else 0)
+        torch.testing.assert_close(out.cpu(), reference)
+
+
 @pytest.mark.parametrize("layer", ["linear", "conv"])
 def test_a_weight_written_between_replays_is_seen(layer):
     torch.manual_seed(0)
@@ -385,109 +424,3 @@ def test_make_graphed_callables_function_inference():
     assert torch.equal(graphed(data).cpu(), fn(data).cpu())
     with pytest.raises(ValueError, match="differs from the sample"):
         graphed(torch.randn(4, 8, device=DEV))
-
-
-# --------------------------------------------------------------------------- torch.compile
-
-
-def test_compile_reduce_overhead_on_the_ember_backend_replays_a_graph():
-    from torch_ember.compile import graphed
-
-    torch._dynamo.reset()
-    model = _mlp().eval()
-    x = torch.randn(2, 32, device=DEV)
-    before = dict(graphed.counters)
-    with torch.inference_mode():
-        compiled = torch.compile(model, backend="ember", mode="reduce-overhead")
-        for _ in range(4):  # two warm-ups, the capture, one replay
-            out = compiled(x)
-        assert graphed.counters["captures"] == before["captures"] + 1
-        assert graphed.counters["replays"] == before["replays"] + 1
-        assert torch.equal(out.cpu(), model(x).cpu())
-        other = torch.randn(2, 32, device=DEV)
-        assert torch.equal(compiled(other).cpu(), model(other).cpu())
-
-
-def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
-    """A replay reads the parameters' memory as captured: after `param.data =
-    ...` (new storage, same Parameter object) the graph is captured again."""
-    from torch_ember.compile import graphed
-
-    torch._dynamo.reset()
-    model = _mlp().eval()
-    x = torch.randn(2, 32, device=DEV)
-    with torch.inference_mode():
-        # not frozen: the parameters are the graph's inputs (a frozen graph
-        # keeps the values it was compiled with, docs/compile.md)
-        compiled = torch.compile(
-            model, backend="ember", options={"graphs": True, "freezing": False}
-        )
-        for _ in range(4):  # two warm-ups, the capture, one replay
-            compiled(x)
-        before = dict(graphed.counters)
-    weight = next(model.parameters())
-    weight.data = weight.data * 2
-    with torch.inference_mode():
-        expected = model(x).cpu()
-        for _ in range(4):  # whether Dynamo recompiles or the replay notices
-            assert torch.equal(compiled(x).cpu(), expected)
-        assert graphed.counters["captures"] > before["captures"]
-
-
-@pytest.mark.parametrize("async_execution", [True, False])
-def test_capturing_compiled_code_records_its_cpp_kernels(async_execution):
-    """Code compiled by the default Inductor backend can be captured as CUDA's
-    can: its generated C++ kernels are recorded like ops, and a replay gives
-    the compiled call's bits for the new input."""
-    torch._dynamo.reset()
-    model = _mlp().eval()
-    compiled = torch.compile(model)
-    x = torch.randn(2, 32, device=DEV)
-    with torch.inference_mode(), torch.backends.ember.flags(async_execution=async_execution):
-        for _ in range(3):  # compiles; packs the weights on their second use
-            compiled(x)
-        torch_ember.reset_launch_stats()
-        side = torch.ember.Stream()
-        side.wait_stream(torch.ember.current_stream())
-        graph = torch.ember.EmberGraph()
-        with torch.ember.graph(graph, stream=side):
-            out = compiled(x)
-        recorded = {k for k in torch_ember.launch_stats() if k.startswith("cpp_")}
-        assert recorded  # the kernels went through the capture
-        new = torch.randn(2, 32, device=DEV)
-        x.copy_(new)
-        graph.replay()
-        assert torch.equal(out.cpu(), compiled(new.clone()).cpu())
-
-
-def test_compile_graphs_falls_back_to_eager_with_a_warning():
-    torch._dynamo.reset()
-
-    host = torch.arange(16.0).reshape(1, 1, 4, 4)
-
-    def fn(a):
-        return a + host.to(DEV)  # a host tensor: an input a graph cannot keep
-
-    x = torch.randn(1, 1, 4, 4, device=DEV)
-    compiled = torch.compile(fn, backend="ember", options={"graphs": True})
-    with torch.inference_mode(), pytest.warns(UserWarning, match="running eagerly"):
-        outs = [compiled(x) for _ in range(3)]
-    assert all(torch.equal(out.cpu(), fn(x).cpu()) for out in outs)
-
-
-def test_inductor_reduce_overhead_on_ember_warns_that_it_replays_nothing():
-    """Inductor builds CUDA graphs for CUDA only: under mode="reduce-overhead"
-    on ember it compiles without them, and the user is told where ember's
-    graphs are (before, only TORCH_LOGS=cudagraphs said it)."""
-    import torch._inductor.config as inductor_config
-
-    torch._dynamo.reset()
-    model = torch.nn.Linear(8, 8).to(DEV)
-    x = torch.randn(2, 8, device=DEV)
-    with (
-        inductor_config.patch(fx_graph_cache=False),
-        pytest.warns(UserWarning, match="backend='ember', mode='reduce-overhead'"),
-    ):
-        out = torch.compile(model, mode="reduce-overhead")(x)
-    torch.testing.assert_close(out.cpu(), model(x).cpu())
-    torch._dynamo.reset()

@@ -49,6 +49,19 @@ def _signature(args) -> tuple | str:
     return tuple(key)
 
 
+def _views_of_moving_inputs(outputs, args, fixed: list[bool]) -> bool:
+    """Whether an output shares memory with an input a replay would copy."""
+    moving = {
+        a.untyped_storage().data_ptr()
+        for a, f in zip(args, fixed)
+        if isinstance(a, torch.Tensor) and not f
+    }
+    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return any(
+        isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in moving for o in flat
+    )
+
+
 class _Entry:
     def __init__(self):
         self.calls = 0
@@ -63,22 +76,43 @@ class _Entry:
 
 
 class GraphedModule:
-    """Callable over a Dynamo ``GraphModule``: warm-up, capture, replay."""
+    """Callable over a graph (a Dynamo ``GraphModule``, or Inductor's compiled
+    code, ``inductor_graphs.py``): warm-up, capture, replay.
+
+    An input whose memory is the same on the last two warm-up calls is read
+    by the replay where it is (*fixed*); the others are copied into static
+    copies. ``static_inputs``, where the compiler knows them (parameters,
+    buffers, ``mark_static_address``), narrows the fixed ones to those and to
+    ``written_inputs``, the positions of inputs the graph writes in place: a
+    replay could only write its static copy of such an input, so one whose
+    memory differs from call to call keeps the graph from being captured.
+    """
 
     WARMUP = 2
 
-    def __init__(self, gm: Callable):
+    def __init__(
+        self,
+        gm: Callable,
+        *,
+        written_inputs: frozenset[int] = frozenset(),
+        static_inputs: frozenset[int] | None = None,
+        label: str = "torch.compile(backend='ember', graphs)",
+    ):
         self.gm = gm
         self.entries: dict[tuple, _Entry] = {}
         self.eager_reason: str | None = None
+        self.written_inputs = written_inputs
+        self.static_inputs = static_inputs
+        self.label = label
 
-    def _eager(self, reason: str, args):
+    def _give_up(self, reason: str) -> None:
         if self.eager_reason is None:
             self.eager_reason = reason
             counters["eager_fallbacks"] += 1
-            warnings.warn(
-                f"torch.compile(backend='ember', graphs): running eagerly: {reason}", stacklevel=3
-            )
+            warnings.warn(f"{self.label}: running eagerly: {reason}", stacklevel=4)
+
+    def _eager(self, reason: str, args):
+        self._give_up(reason)
         return self.gm(*args)
 
     def __call__(self, *args):
@@ -98,13 +132,27 @@ class GraphedModule:
             if entry.pointers is not None
             else [False] * len(args)
         )
+        if self.static_inputs is not None:
+            keep = self.static_inputs | self.written_inputs
+            entry.fixed = [f and i in keep for i, f in enumerate(entry.fixed)]
         entry.pointers = pointers
         entry.calls += 1
-        if entry.calls <= self.WARMUP:
+        if entry.calls < self.WARMUP:
             return self.gm(*args)
+        if entry.calls == self.WARMUP:
+            outputs = self.gm(*args)
+            if _views_of_moving_inputs(outputs, args, entry.fixed):
+                # a replay would hand out a view of its static copy, not of the caller's input
+                self._give_up("an output is a view of an input")
+            return outputs
         return self._capture(entry, args)
 
     def _capture(self, entry: _Entry, args):
+        moving = [i for i in self.written_inputs if i < len(args) and not entry.fixed[i]]
+        if moving:
+            return self._eager(
+                f"input {moving[0]} is written in place and has other memory on every call", args
+            )
         entry.static = [
             a if fixed or not isinstance(a, torch.Tensor) else a.clone()
             for a, fixed in zip(args, entry.fixed)

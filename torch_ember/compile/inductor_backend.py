@@ -17,7 +17,9 @@ is host memory, so:
   supported -- it calls ATen through AOTI's per-device C shims, which exist
   for cpu/cuda/xpu/mps only; asking for it raises a clear error;
 - device op overrides: the snippets the wrapper emits for device guards,
-  synchronisation and raw streams.
+  synchronisation and raw streams;
+- ``mode="reduce-overhead"``: the compiled code is captured and replayed as
+  an ember graph (``inductor_graphs.py``, through Inductor's graph policy).
 
 Registered for ``"ember"`` by :func:`register_inductor_backend` (see
 ``torch_ember/compile/__init__.py`` for when), together with
@@ -68,6 +70,19 @@ class _EmberWrapperLines:
             out += f".as_strided({self.codegen_python_shape_tuple(shape)}, {strides})"
         return out
 
+    def codegen_reinterpret_view(self, data, size, stride, offset, writeline, dtype=None):
+        expr = super().codegen_reinterpret_view(data, size, stride, offset, writeline, dtype)
+        name = data.get_name()
+        if name not in V.graph.graph_inputs:
+            return expr
+        # A graph input (a parameter, a user tensor) is viewed as a real view,
+        # which shares the input's version counter. reinterpret_tensor makes
+        # an alias with a counter of its own that never moves: ember's
+        # packed-weight cache would keep using a pack after the weight was
+        # written in place, and under inference_mode it is an inference
+        # tensor, which ember does not pack at all.
+        return expr.replace(f"reinterpret_tensor({name}, ", f"{_view_name(self)}({name}, ")
+
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
         if device.type == DEVICE_TYPE and not kwargs.get("triton", True):
@@ -91,6 +106,18 @@ def _device_name(wrapper: PythonWrapperCodegen, index: int) -> str:
     if index not in written:
         written.add(index)
         root.header.writeline(f"{name} = torch.device('{DEVICE_TYPE}', {index})")
+    return name
+
+
+def _view_name(wrapper: PythonWrapperCodegen) -> str:
+    """The generated code's name for ``torch_ember.compile.kernel_launch.input_view``."""
+    root = wrapper
+    while isinstance(root, SubgraphPythonWrapperCodegen):
+        root = root.parent_wrapper
+    name = "ember_input_view"
+    if not root.__dict__.get("_ember_view_imported"):
+        root.__dict__["_ember_view_imported"] = True
+        root.header.writeline(f"from torch_ember.compile.kernel_launch import input_view as {name}")
     return name
 
 
@@ -171,9 +198,9 @@ class EmberGraphPass(CustomGraphModulePass):
     def __call__(self, gm):
         import torch
 
-        from torch_ember.compile import passes
+        from torch_ember.compile import inductor_graphs, passes
 
-        if torch._inductor.config.triton.cudagraphs:
+        if torch._inductor.config.triton.cudagraphs and not inductor_graphs.installed():
             _warn_cudagraphs_skipped()
         if not gm.meta.get(passes.DONE_META) and not torch.backends.ember.cpu_parity:
             passes.run(gm, passes.Options())
@@ -194,9 +221,10 @@ class EmberGraphPass(CustomGraphModulePass):
 
 def _warn_cudagraphs_skipped() -> None:
     """mode="reduce-overhead" and "max-autotune" ask Inductor for CUDA graphs,
-    which it builds for CUDA devices only: on ember it skips them (as on CPU)
-    and says so only under TORCH_LOGS=cudagraphs. ember's graphs come through
-    its own backend."""
+    which it builds for CUDA devices only. ember replays them through
+    Inductor's graph policy (``inductor_graphs.py``), which is not installed
+    in a process that has CUDA: there Inductor skips them on ember (as on
+    CPU) and would say so only under TORCH_LOGS=cudagraphs."""
     import warnings
 
     warnings.warn(
@@ -215,7 +243,7 @@ def _benchmark_on_host(benchmarker, fn, *, warmup, rep, **kwargs):
 
 
 def register_inductor_backend() -> None:
-    from torch_ember.compile import cpu_parity
+    from torch_ember.compile import cpu_parity, inductor_graphs
 
     register_backend_for_device(
         DEVICE_TYPE,
@@ -227,6 +255,7 @@ def register_inductor_backend() -> None:
     register_device_op_overrides(DEVICE_TYPE, EmberDeviceOpOverrides())
     register_benchmarker(DEVICE_TYPE, _benchmark_on_host, override=True)
     cpu_parity.apply()
+    inductor_graphs.install()
 
 
 __all__ = [

@@ -1,4 +1,6 @@
-"""Inductor's C++ kernels on ember, launched on the device's stream.
+"""What the generated wrapper of a compiled graph on ember calls at run time:
+Inductor's C++ kernels launched on the device's stream, and views of the
+graph's inputs.
 
 The Python wrapper of a compiled graph calls ``ember_launch_cpp(device, name,
 kernel, *args)`` for each generated C++ kernel on ember. The kernel is queued
@@ -10,6 +12,10 @@ captured into an ember graph under either engine. When the kernel cannot be
 launched (synchronous execution outside a capture, an argument other than an
 ember tensor or an int) the wrapper waits for the stream and calls the kernel
 here, as before.
+
+``ember_input_view(input, size, stride, offset)`` stands where Inductor's
+wrapper writes ``reinterpret_tensor`` for a graph input: a real view, sharing
+the input's version counter (``inductor_backend.py`` says why).
 """
 
 from __future__ import annotations
@@ -48,3 +54,9 @@ def launch_cpp(device: int | None, name: str, kernel, *args) -> None:
     if not _C.launch_cpp_kernel(device, name, entry_point(kernel), args):
         _C.wait_for_current_stream(device)
         kernel(*args)
+
+
+def input_view(tensor, size, stride, offset):
+    """``reinterpret_tensor``'s meaning (``offset`` counted from the tensor's
+    own storage offset) as a view of ``tensor``."""
+    return tensor.as_strided(size, stride, tensor.storage_offset() + offset)

@@ -345,7 +345,9 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
       (self.defined() && out.storage().is_alias_of(self.storage()))) {
     return false;
   }
-  if (capture::underway()) return false;  // the general route records
+  // While a graph captures, launch_into records the packed kernel into `out`
+  // (its arguments, `a` and the plan's bias, are ember tensors), so the
+  // fallbacks below run only outside a capture.
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return false;
   const c10::DeviceIndex device = a.device().index();

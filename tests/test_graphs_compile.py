@@ -1,0 +1,220 @@
+"""Graphs through torch.compile: ``backend="ember"`` with graphs (the Dynamo
+graph's ops replayed), Inductor's ``mode="reduce-overhead"`` (the compiled
+code replayed, ``torch_ember/compile/inductor_graphs.py``), and compiled code
+captured by hand. Replays give the bits of the code they captured."""
+
+import warnings
+
+import pytest
+import torch
+
+import torch_ember
+from torch_ember.compile import graphed
+
+DEV = "ember"
+
+
+def _mlp(width=32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(width, width),
+        torch.nn.ReLU(),
+        torch.nn.Linear(width, width),
+        torch.nn.GELU(),
+        torch.nn.Linear(width, 8),
+    ).to(DEV)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_compile_reduce_overhead_on_the_ember_backend_replays_a_graph():
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    before = dict(graphed.counters)
+    with torch.inference_mode():
+        compiled = torch.compile(model, backend="ember", mode="reduce-overhead")
+        for _ in range(4):  # two warm-ups, the capture, one replay
+            out = compiled(x)
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 1
+        assert torch.equal(out.cpu(), model(x).cpu())
+        other = torch.randn(2, 32, device=DEV)
+        assert torch.equal(compiled(other).cpu(), model(other).cpu())
+
+
+def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
+    """A replay reads the parameters' memory as captured: after `param.data =
+    ...` (new storage, same Parameter object) the graph is captured again."""
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode():
+        # not frozen: the parameters are the graph's inputs (a frozen graph
+        # keeps the values it was compiled with, docs/compile.md)
+        compiled = torch.compile(
+            model, backend="ember", options={"graphs": True, "freezing": False}
+        )
+        for _ in range(4):  # two warm-ups, the capture, one replay
+            compiled(x)
+        before = dict(graphed.counters)
+    weight = next(model.parameters())
+    weight.data = weight.data * 2
+    with torch.inference_mode():
+        expected = model(x).cpu()
+        for _ in range(4):  # whether Dynamo recompiles or the replay notices
+            assert torch.equal(compiled(x).cpu(), expected)
+        assert graphed.counters["captures"] > before["captures"]
+
+
+@pytest.mark.parametrize("async_execution", [True, False])
+def test_capturing_compiled_code_records_its_cpp_kernels(async_execution):
+    """Code compiled by the default Inductor backend can be captured as CUDA's
+    can: its generated C++ kernels are recorded like ops, and a replay gives
+    the compiled call's bits for the new input."""
+    model = _mlp().eval()
+    compiled = torch.compile(model)
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode(), torch.backends.ember.flags(async_execution=async_execution):
+        for _ in range(3):  # compiles; packs the weights on their second use
+            compiled(x)
+        torch_ember.reset_launch_stats()
+        side = torch.ember.Stream()
+        side.wait_stream(torch.ember.current_stream())
+        graph = torch.ember.EmberGraph()
+        with torch.ember.graph(graph, stream=side):
+            out = compiled(x)
+        recorded = {k for k in torch_ember.launch_stats() if k.startswith("cpp_")}
+        assert recorded  # the kernels went through the capture
+        new = torch.randn(2, 32, device=DEV)
+        x.copy_(new)
+        graph.replay()
+        assert torch.equal(out.cpu(), compiled(new.clone()).cpu())
+
+
+def test_compile_graphs_falls_back_to_eager_with_a_warning():
+
+    host = torch.arange(16.0).reshape(1, 1, 4, 4)
+
+    def fn(a):
+        return a + host.to(DEV)  # a host tensor: an input a graph cannot keep
+
+    x = torch.randn(1, 1, 4, 4, device=DEV)
+    compiled = torch.compile(fn, backend="ember", options={"graphs": True})
+    with torch.inference_mode(), pytest.warns(UserWarning, match="running eagerly"):
+        outs = [compiled(x) for _ in range(3)]
+    assert all(torch.equal(out.cpu(), fn(x).cpu()) for out in outs)
+
+
+# --------------------------------------------------------------------------- Inductor, reduce-overhead
+
+
+def _counts():
+    return dict(graphed.counters)
+
+
+def test_inductor_reduce_overhead_replays_the_compiled_code():
+    """mode="reduce-overhead" with the default backend: two warm-ups run the
+    compiled code, the third call captures it, later calls replay it. A
+    replay gives the compiled code's bits, for the captured input and for a
+    new one."""
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    new = torch.randn(2, 32, device=DEV)  # made outside inference_mode, as x (no recompile)
+    with torch.inference_mode():
+        compiled = torch.compile(model, mode="reduce-overhead")
+        plain = torch.compile(model)
+        before = _counts()
+        first = compiled(x).clone()  # warm-up: the compiled code itself
+        outs = [compiled(x).clone() for _ in range(4)]  # warm-up, capture, 2 replays
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 2
+        assert all(torch.equal(first.cpu(), out.cpu()) for out in outs)
+        replayed = compiled(new).clone()
+        assert graphed.counters["replays"] == before["replays"] + 3
+        assert torch.equal(replayed.cpu(), plain(new).cpu())
+        torch.testing.assert_close(replayed.cpu(), model(new).cpu())
+
+
+def test_inductor_reduce_overhead_replay_launches_no_kernel_one_by_one():
+    """A replay runs the recorded kernels as one unit: none of the compiled
+    code's C++ kernels is launched (and counted) on its own."""
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    with torch.inference_mode(), torch.backends.ember.flags(async_execution=True):
+        compiled = torch.compile(model, mode="reduce-overhead")
+        for _ in range(3):
+            compiled(x)
+        expected = compiled(x).clone()
+        torch_ember.reset_launch_stats()
+        compiled(x)
+        stats = torch_ember.launch_stats()
+        assert not any(k.startswith("cpp_") for k in stats)  # no kernel launched one by one
+        assert torch.equal(compiled(x).cpu(), expected.cpu())
+
+
+def test_inductor_reduce_overhead_writes_a_fixed_input_in_place():
+    """A graph that updates a buffer in place (a static KV cache's pattern):
+    the buffer keeps its memory from call to call, so the replay writes it."""
+
+    def step(cache, x):
+        cache.add_(x)
+        return cache * 2
+
+    cache = torch.zeros(4, device=DEV)
+    x = torch.ones(4, device=DEV)
+    with torch.inference_mode():
+        compiled = torch.compile(step, mode="reduce-overhead")
+        before = _counts()
+        for i in range(1, 6):
+            out = compiled(cache, x)
+            assert torch.equal(cache.cpu(), torch.full((4,), float(i)))
+            assert torch.equal(out.cpu(), torch.full((4,), 2.0 * i))
+        assert graphed.counters["replays"] == before["replays"] + 2
+
+
+def test_inductor_reduce_overhead_runs_eagerly_when_a_written_input_moves():
+    """A written input with new memory on every call cannot be replayed
+    (the replay would write its static copy): the compiled code runs, once warned."""
+
+    def step(cache, x):
+        cache.add_(x)
+        return cache.sum()
+
+    x = torch.ones(4, device=DEV)
+    with torch.inference_mode():
+        compiled = torch.compile(step, mode="reduce-overhead")
+        before = _counts()
+        caches = [torch.zeros(4, device=DEV) for _ in range(4)]  # new memory every call
+        with pytest.warns(UserWarning, match="written in place"):
+            sums = [compiled(cache, x).item() for cache in caches]
+        assert sums == [4.0] * 4
+        assert all(torch.equal(cache.cpu(), torch.ones(4)) for cache in caches)
+        assert graphed.counters["captures"] == before["captures"]
+
+
+def test_inductor_reduce_overhead_in_training_runs_without_a_graph():
+    model = _mlp()
+    x = torch.randn(2, 32, device=DEV)
+    compiled = torch.compile(model, mode="reduce-overhead")
+    before = _counts()
+    with pytest.warns(UserWarning, match="inference only"):
+        out = compiled(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        for _ in range(3):
+            out = compiled(x)
+    out.sum().backward()
+    assert model[0].weight.grad is not None
+    torch.testing.assert_close(out.detach().cpu(), model(x).detach().cpu())
+    assert graphed.counters["captures"] == before["captures"]
+
+
+def test_inductor_graph_policy_is_installed_without_cuda():
+    from torch_ember.compile import inductor_graphs
+
+    torch.compile(lambda a: a + 1)(torch.ones(1, device=DEV))  # loads Inductor
+    assert inductor_graphs.installed() == (not torch.cuda.is_available())
