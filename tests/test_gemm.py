@@ -135,6 +135,51 @@ def test_weight_writes_invalidate_packs():
     assert _packs()["invalidations"] >= 2
 
 
+@pytest.mark.parametrize("rows", [1, 64])  # skinny panels, oneDNN's pack
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda w: w.data.mul_(-2.0),  # .data: a version counter of its own
+        lambda w: w.data.copy_(torch.randn(w.shape)),  # ember's copy_
+        lambda w: w.data.normal_(),  # a delegated in-place op
+        lambda w: torch.mm(torch.eye(w.shape[0], device=w.device), w.data.clone(), out=w.data),
+        lambda w: torch.empty(0, device=w.device).set_(w.untyped_storage(), 0, w.shape).zero_(),
+    ],
+    ids=["data_mul_", "data_copy_", "data_normal_", "mm_out", "storage_alias"],
+)
+def test_writes_through_aliases_invalidate_packs(write, rows):
+    """A pack is dropped when its weight's memory is written through any
+    tensor, not only through tensors sharing the weight's version counter."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24).to(DEVICE)
+    x = torch.randn(rows, 32, device=DEVICE)
+    with torch.no_grad():
+        for _ in range(3):
+            lin(x)
+        assert _packs()["entries"] == 1
+        version = lin.weight._version
+        write(lin.weight)
+        assert lin.weight._version == version  # the weight's counter did not move
+        _check_fp32(lin(x), x.cpu(), lin.weight.cpu().t(), lin.bias.cpu())
+    assert _packs()["invalidations"] == 1
+
+
+def test_a_graph_replay_sees_a_weight_written_through_data():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 24).to(DEVICE).eval()
+    x = torch.randn(1, 32, device=DEVICE)
+    with torch.inference_mode():
+        lin(x)
+        lin(x)
+        graph = torch.ember.EmberGraph()
+        with torch.ember.graph(graph):
+            out = lin(x)
+    with torch.no_grad():
+        lin.weight.data.mul_(3.0)
+    graph.replay()
+    _check_fp32(out, x.cpu(), lin.weight.detach().cpu().t(), lin.bias.detach().cpu())
+
+
 def test_empty_cache_and_release_free_packs():
     lin = torch.nn.Linear(512, 512).to(DEVICE)
     x = torch.randn(2, 512, device=DEVICE)

@@ -73,11 +73,13 @@ int64_t version_of(const at::Tensor& t) {
 
 WatchedWeight WatchedWeight::of(const at::Tensor& weight) {
   if (!underway()) return {};
-  return {weight, cpu_alias(weight), version_of(weight)};
+  return {weight, cpu_alias(weight), version_of(weight),
+          StorageWriteWatch(weight)};
 }
 
 bool WatchedWeight::written_since() const {
-  return weight.defined() && version_of(weight) != version;
+  return weight.defined() &&
+         (version_of(weight) != version || writes.written());
 }
 
 }  // namespace ember::capture

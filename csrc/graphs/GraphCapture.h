@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "ember/runtime/graph.h"
+#include "ops/StorageWrites.h"
 
 namespace ember::capture {
 
@@ -63,6 +64,7 @@ struct WatchedWeight {
   at::Tensor weight;      // the ember tensor
   at::Tensor weight_cpu;  // its CPU alias, for the unpacked route
   int64_t version = 0;
+  StorageWriteWatch writes;  // through aliases with counters of their own
 
   static WatchedWeight of(const at::Tensor& weight);
   bool written_since() const;

@@ -5,6 +5,7 @@
 #include "core/RuntimeErrors.h"
 #include "ops/DeviceScope.h"
 #include "ops/SparseBridge.h"
+#include "ops/StorageWrites.h"
 
 namespace ember {
 
@@ -60,6 +61,7 @@ at::Tensor DelegationCall::swap_in(const at::Tensor& tensor,
     if (tensor.requires_grad() && !alias.requires_grad()) [[unlikely]] {
       alias.set_requires_grad(true);
     }
+    if (written) note_storage_write(tensor);
     swapped_.push_back({alias, borrowed, std::move(owned), written});
     return alias;
   }

@@ -27,6 +27,7 @@
 
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
+#include "ops/StorageWrites.h"
 #include "ops/UnboxedDelegation.h"
 
 namespace ember::unboxed {
@@ -111,6 +112,14 @@ at::Tensor launched(Args... args) {
   return out;
 }
 
+// Reports the writes of a result made by make_out() (one tensor, or a tuple
+// of them): it may be an out= argument (StorageWrites.h).
+inline void note_result_writes(const at::Tensor& t) { note_storage_write(t); }
+template <class... Ts>
+void note_result_writes(const std::tuple<Ts...>& t) {
+  std::apply([](const auto&... items) { (note_storage_write(items), ...); }, t);
+}
+
 // The CPU aliases of a result (one tensor, or a tuple of them).
 inline at::Tensor cpu_aliases(const at::Tensor& t) { return cpu_alias(t); }
 template <class... Ts>
@@ -133,6 +142,7 @@ Out record_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
       to_cpu(call, args, false)...};
   call.settle();
   Out out = make_out();
+  note_result_writes(out);
   const auto out_cpu = cpu_aliases(out);
   run_on_device_recorded(
       call.device(), name,
@@ -184,6 +194,7 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
     call.settle();
     if (!launchable) return std::nullopt;
     out = make_out();
+    note_result_writes(out);
     launch_on_device(
         call.device(), name.c_str(),
         [kept = std::move(kept), kernel = std::move(kernel),

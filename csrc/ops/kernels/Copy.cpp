@@ -14,6 +14,7 @@
 #include "ops/CpuAlias.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
+#include "ops/StorageWrites.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
 
@@ -71,6 +72,7 @@ void host_copy(at::Tensor& dst, const at::Tensor& src) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                      bool non_blocking) {
+  if (dst.is_privateuseone()) note_storage_write(dst);
   // From pinned host memory: queued on the stream (DeviceScope.h). Any
   // other non_blocking copy has completed on return, which satisfies its
   // contract.

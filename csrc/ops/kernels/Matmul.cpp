@@ -18,6 +18,7 @@
 #include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
+#include "ops/StorageWrites.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/matmul/FastGemm.h"
@@ -229,6 +230,7 @@ at::Tensor baddbmm(T self, T a, T b, S beta, S alpha) {
 }
 
 at::Tensor& mm_out(T a, T b, at::Tensor& out) {
+  note_storage_write(out);
   if (matmul::fast_linear_out(out, {}, a, b, 0, 1)) return out;
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::mm"), out, a, b);
@@ -245,6 +247,7 @@ at::Tensor& mm_out(T a, T b, at::Tensor& out) {
 }
 
 at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
+  note_storage_write(out);
   if (matmul::fast_linear_out(out, self, a, b, beta, alpha)) return out;
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::addmm"), out, self, a, b, beta,
@@ -264,6 +267,7 @@ at::Tensor& addmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
 }
 
 at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
+  note_storage_write(out);
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::bmm"), out, a, b);
   }
@@ -279,6 +283,7 @@ at::Tensor& bmm_out(T a, T b, at::Tensor& out) {
 }
 
 at::Tensor& baddbmm_out(T self, T a, T b, S beta, S alpha, at::Tensor& out) {
+  note_storage_write(out);
   if (!matmul::engine_applies(a)) {
     return delegate_out(EMBER_OUT_OP("aten::baddbmm"), out, self, a, b, beta,
                         alpha);

@@ -63,6 +63,8 @@ struct KeyHash {
 struct Entry {
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   uint32_t version;
+  // Writes the version counter misses (`weight.data.mul_(2)`).
+  StorageWriteWatch writes;
   std::shared_ptr<const PackedWeight> packed;  // null: seen once, not packed
   std::list<Key>::iterator lru;
 };
@@ -97,12 +99,12 @@ class PackCache {
       sweep_released();
       lru_.push_front(key);
       entries_.emplace(key, Entry{b.storage().getWeakStorageImpl(), version,
-                                  nullptr, lru_.begin()});
+                                  StorageWriteWatch(b), nullptr, lru_.begin()});
       return nullptr;
     }
     Entry& entry = it->second;
     lru_.splice(lru_.begin(), lru_, entry.lru);
-    if (entry.version != version) {
+    if (entry.version != version || entry.writes.written()) {
       // Written since: the old pack (if any) is stale; pack on the next
       // call that sees these contents again.
       if (entry.packed) {
@@ -111,6 +113,7 @@ class PackCache {
       }
       entry.packed.reset();
       entry.version = version;
+      entry.writes = StorageWriteWatch(b);
       return nullptr;
     }
     if (entry.packed) {

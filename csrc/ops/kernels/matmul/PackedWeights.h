@@ -12,7 +12,8 @@
 //
 // Packs live in ember device memory (they count in memory_stats and the
 // memory limit), the cache is bounded in bytes (least recently used packs
-// go first), a write to the weight (version counter) or its release
+// go first), a write to the weight (its version counter, or any write to its
+// storage that ember's op paths report: ops/StorageWrites.h) or its release
 // invalidates the pack, and torch.ember.empty_cache() drops them all.
 #pragma once
 

@@ -1,0 +1,47 @@
+// Writes to ember memory that version counters do not see.
+//
+// ember's packed weights (ops/kernels/matmul/PackedWeights.h) and graph
+// replays (graphs/GraphCapture.h) trust a weight's version counter to tell
+// them it was written. Views share their base's counter, but aliases made
+// another way do not: `param.data` and Inductor's `reinterpret_tensor` get a
+// counter of their own, so `param.data.mul_(2)` left the weight's counter
+// unchanged and the old pack in use. Every write to ember memory goes
+// through ember's op paths (delegated in-place and out= arguments, ember's
+// own in-place kernels), which report the storage they write here; a watch
+// on a storage sees those writes whichever tensor made them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace c10 {
+struct StorageImpl;
+}
+
+namespace ember {
+
+// Counts the writes to one storage from its construction on. Copies watch
+// the same storage from the same starting point; cheap to check.
+class StorageWriteWatch {
+ public:
+  StorageWriteWatch() = default;
+  explicit StorageWriteWatch(const at::Tensor& tensor);
+  StorageWriteWatch(const StorageWriteWatch& other);
+  StorageWriteWatch& operator=(const StorageWriteWatch& other);
+  ~StorageWriteWatch();
+
+  // Whether a write to the storage was reported since the watch began
+  // (false for a default-constructed watch).
+  bool written() const;
+
+ private:
+  const c10::StorageImpl* storage_ = nullptr;
+  uint64_t start_ = 0;
+};
+
+// Reports a write to `written`'s storage (an in-place or out= argument).
+// Costs one relaxed atomic load while nothing is watched.
+void note_storage_write(const at::Tensor& written);
+
+}  // namespace ember
