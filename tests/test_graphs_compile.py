@@ -218,3 +218,29 @@ def test_inductor_graph_policy_is_installed_without_cuda():
 
     torch.compile(lambda a: a + 1)(torch.ones(1, device=DEV))  # loads Inductor
     assert inductor_graphs.installed() == (not torch.cuda.is_available())
+
+
+def test_transformers_static_cache_generate_replays_each_decode_step():
+    """The recipe transformers documents for CUDA graphs: a static KV cache
+    and the forward compiled with mode="reduce-overhead". Each decode step
+    after the warm-ups is one replay, and the tokens are eager's."""
+    tr = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tr.GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=256, bos_token_id=0, eos_token_id=1
+    )
+    model = tr.GPT2LMHeadModel(cfg).eval().to(DEV)
+    ids = torch.randint(2, 256, (1, 6), device=DEV)
+    kwargs = {"max_new_tokens": 10, "do_sample": False, "cache_implementation": "static"}
+    with torch.no_grad():
+        expected = model.generate(ids, **kwargs)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        before = _counts()
+        with warnings.catch_warnings():
+            # the prompt's graph takes a host scalar input and runs unreplayed (warned)
+            warnings.simplefilter("ignore", UserWarning)
+            tokens = model.generate(ids, **kwargs)
+    assert torch.equal(tokens.cpu(), expected.cpu())
+    # 9 decode steps: two warm-ups, the capture, six replays
+    assert graphed.counters["captures"] == before["captures"] + 1
+    assert graphed.counters["replays"] == before["replays"] + 6

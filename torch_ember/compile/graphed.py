@@ -36,11 +36,11 @@ def _signature(args) -> tuple | str:
     value), or why the call cannot be replayed. One pass: it runs every call."""
     grad = torch.is_grad_enabled()
     key = []
-    for a in args:
+    for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             device = a.device
             if device.type != "ember":
-                return "an input is not an ember tensor"
+                return f"input {i} is a {device.type} tensor, not an ember tensor"
             if grad and a.requires_grad:
                 return "graphs are for inference (grad is enabled)"
             key.append((a.shape, a.dtype, device))
