@@ -424,3 +424,20 @@ def test_make_graphed_callables_function_inference():
     assert torch.equal(graphed(data).cpu(), fn(data).cpu())
     with pytest.raises(ValueError, match="differs from the sample"):
         graphed(torch.randn(4, 8, device=DEV))
+
+
+@pytest.mark.requires_two_devices
+def test_default_capture_stream_is_the_current_devices():
+    """torch.ember.graph's default side stream is per device (CUDA's stays on
+    the device current when it was first made): a capture on ember:1 after
+    one on ember:0 records ember:1's work."""
+    for index in (0, 1):
+        x = torch.ones(4, device=f"ember:{index}")
+        with torch.ember.device(index):
+            g = torch.ember.EmberGraph()
+            with torch.ember.graph(g):
+                y = x * 2
+            assert torch.ember.graph.default_capture_stream.device.index == index
+        x.fill_(3)
+        g.replay()
+        assert torch.equal(y.cpu(), torch.full((4,), 6.0))

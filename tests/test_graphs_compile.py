@@ -220,6 +220,24 @@ def test_inductor_graph_policy_is_installed_without_cuda():
     assert inductor_graphs.installed() == (not torch.cuda.is_available())
 
 
+@pytest.mark.requires_two_devices
+@pytest.mark.parametrize("backend", ["inductor", "ember"])
+def test_reduce_overhead_captures_on_the_inputs_device(backend):
+    """A model on ember:1 while ember:0 is current: the capture runs on a side
+    stream of ember:1 (before, it captured on ember:0's and recorded nothing)."""
+    model = _mlp().to("ember:1").eval()
+    x = torch.randn(2, 32, device="ember:1")
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # no fallback to eager
+        compiled = torch.compile(model, backend=backend, mode="reduce-overhead")
+        before = _counts()
+        outs = [compiled(x).clone() for _ in range(4)]
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 1
+        assert outs[-1].device == x.device
+        torch.testing.assert_close(outs[-1].cpu(), model(x).cpu())
+
+
 def test_transformers_static_cache_generate_replays_each_decode_step():
     """The recipe transformers documents for CUDA graphs: a static KV cache
     and the forward compiled with mode="reduce-overhead". Each decode step

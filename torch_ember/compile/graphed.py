@@ -158,8 +158,13 @@ class GraphedModule:
             for a, fixed in zip(args, entry.fixed)
         ]
         graph = torch.ember.EmberGraph()
+        # captured on a side stream of the inputs' device, not the current one
+        device = next(
+            (a.device for a in args if isinstance(a, torch.Tensor)),
+            torch.device("ember", torch.ember.current_device()),
+        )
         try:
-            with torch.ember.graph(graph):
+            with torch.ember.device(device), torch.ember.graph(graph):
                 outputs = self.gm(*entry.static)
         except RuntimeError as e:
             if "captur" not in str(e):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import torch
 
@@ -92,11 +92,15 @@ class EmberGraph(torch._C._acceleratorGraph):
 
 class graph:
     """Context manager capturing the work inside it into ``ember_graph``
-    (torch.cuda.graph): synchronises and collects garbage, then captures on ``stream`` (default: a side stream shared by every
-    ``graph`` context). On an exception inside the block the capture is
-    ended and the graph reset before the exception propagates."""
+    (torch.cuda.graph): synchronises and collects garbage, then captures on ``stream`` (default: a side stream of the current device, shared by every
+    ``graph`` context on that device). On an exception inside the block the
+    capture is ended and the graph reset before the exception propagates."""
 
+    # The last default capture stream used (torch.cuda.graph's attribute);
+    # unlike CUDA's, which stays on the device current when it was first made,
+    # there is one per device.
     default_capture_stream: torch.Stream | None = None
+    _default_capture_streams: ClassVar[dict[int, torch.Stream]] = {}
 
     def __init__(
         self,
@@ -110,9 +114,10 @@ class graph:
                 f"torch.ember.graph expects a torch.ember.EmberGraph, got {type(ember_graph).__name__}"
             )
         if stream is None:
-            if graph.default_capture_stream is None:
-                graph.default_capture_stream = torch.ember.Stream()
-            stream = graph.default_capture_stream
+            device = torch.ember.current_device()
+            if device not in graph._default_capture_streams:
+                graph._default_capture_streams[device] = torch.ember.Stream(device)
+            stream = graph.default_capture_stream = graph._default_capture_streams[device]
         self.ember_graph = ember_graph
         self.pool = pool
         self.capture_stream = stream
