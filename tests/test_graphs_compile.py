@@ -7,22 +7,12 @@ import warnings
 
 import pytest
 import torch
+from test_graphs import _mlp
 
 import torch_ember
 from torch_ember.compile import graphed
 
 DEV = "ember"
-
-
-def _mlp(width=32):
-    torch.manual_seed(0)
-    return torch.nn.Sequential(
-        torch.nn.Linear(width, width),
-        torch.nn.ReLU(),
-        torch.nn.Linear(width, width),
-        torch.nn.GELU(),
-        torch.nn.Linear(width, 8),
-    ).to(DEV)
 
 
 @pytest.fixture(autouse=True)

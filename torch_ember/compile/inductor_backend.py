@@ -96,41 +96,43 @@ class _EmberWrapperLines:
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
 
 
+def _root(wrapper: PythonWrapperCodegen) -> PythonWrapperCodegen:
+    """The wrapper whose header the generated module's globals go in."""
+    while isinstance(wrapper, SubgraphPythonWrapperCodegen):
+        wrapper = wrapper.parent_wrapper
+    return wrapper
+
+
+def _header_name(wrapper: PythonWrapperCodegen, name: str, definition: str) -> str:
+    """``name``, defined once in the generated module's header by ``definition``."""
+    root = _root(wrapper)
+    defined = root.__dict__.setdefault("_ember_header_names", set())
+    if name not in defined:
+        defined.add(name)
+        root.header.writeline(definition)
+    return name
+
+
 def _device_name(wrapper: PythonWrapperCodegen, index: int) -> str:
     """A module-level ``torch.device("ember", index)`` of the generated code."""
-    root = wrapper
-    while isinstance(root, SubgraphPythonWrapperCodegen):
-        root = root.parent_wrapper
     name = f"ember_device_{index}"
-    written = root.__dict__.setdefault("_ember_devices", set())
-    if index not in written:
-        written.add(index)
-        root.header.writeline(f"{name} = torch.device('{DEVICE_TYPE}', {index})")
-    return name
+    return _header_name(wrapper, name, f"{name} = torch.device('{DEVICE_TYPE}', {index})")
 
 
 def _view_name(wrapper: PythonWrapperCodegen) -> str:
     """The generated code's name for ``torch_ember.compile.kernel_launch.input_view``."""
-    root = wrapper
-    while isinstance(root, SubgraphPythonWrapperCodegen):
-        root = root.parent_wrapper
     name = "ember_input_view"
-    if not root.__dict__.get("_ember_view_imported"):
-        root.__dict__["_ember_view_imported"] = True
-        root.header.writeline(f"from torch_ember.compile.kernel_launch import input_view as {name}")
-    return name
+    return _header_name(
+        wrapper, name, f"from torch_ember.compile.kernel_launch import input_view as {name}"
+    )
 
 
 def _launch_name(wrapper: PythonWrapperCodegen) -> str:
     """The generated code's name for ``torch_ember.compile.kernel_launch.launch_cpp``."""
-    root = wrapper
-    while isinstance(root, SubgraphPythonWrapperCodegen):
-        root = root.parent_wrapper
     name = "ember_launch_cpp"
-    if not root.__dict__.get("_ember_launch_imported"):
-        root.__dict__["_ember_launch_imported"] = True
-        root.header.writeline(f"from torch_ember.compile.kernel_launch import launch_cpp as {name}")
-    return name
+    return _header_name(
+        wrapper, name, f"from torch_ember.compile.kernel_launch import launch_cpp as {name}"
+    )
 
 
 class EmberSubgraphWrapperCodegen(_EmberWrapperLines, SubgraphPythonWrapperCodegen):
