@@ -517,8 +517,10 @@ def ember_sync(w: Workload, threads: int) -> Prepared:
 @register("ember-async", version=torch_ember_version)
 def ember_async(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.async_execution = True around its
-    own runs: launched ops are queued on the stream's worker (the engine's
-    default from 2 cores, so there ember-eager is ember-async)."""
+    own runs: launched ops are queued on the stream's worker, except those
+    with a result of >= 64 Ki elements while the stream has nothing queued,
+    which run at the call (the engine's default from 2 cores, so there
+    ember-eager is ember-async)."""
     backends = getattr(torch.backends, "ember", None)
     if backends is not None and not hasattr(backends, "async_execution"):
         raise Skip("this torch_ember build has no torch.backends.ember.async_execution")

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -72,6 +73,35 @@ int bind_thread_to_device(c10::DeviceIndex device) {
   init_aten_threads();
   omp_set_num_threads(static_cast<int>(cores.size()));
   return static_cast<int>(cores.size());
+}
+
+int64_t inline_result_numel() {
+  static const int64_t threshold = [] {
+    const char* value = std::getenv("EMBER_ASYNC_INLINE_NUMEL");
+    if (value == nullptr || *value == '\0') return int64_t{1} << 16;
+    return static_cast<int64_t>(std::strtoll(value, nullptr, 10));
+  }();
+  return threshold;
+}
+
+bool runs_at_call(c10::DeviceIndex device, int64_t result_numel) {
+  if (!launch_async() || result_numel < inline_result_numel()) return false;
+  runtime::Stream& stream = runtime::device(device).streams().current();
+  return !(capture::underway() && stream.capture() != nullptr) &&
+         stream.query();
+}
+
+void run_launched_inline(runtime::Stream& stream, const char* name,
+                         c10::DeviceIndex device,
+                         const std::function<void()>& work) {
+  if (!stream.query()) [[unlikely]]
+    count_wait(name);
+  struct RestoreThreadCount {
+    int threads = omp_get_max_threads();
+    ~RestoreThreadCount() { match_thread_count(threads); }
+  } restore;
+  stream.run(LaunchedWork<std::reference_wrapper<const std::function<void()>>>{
+      device, launching_thread_count(device), std::nullopt, std::cref(work)});
 }
 
 bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {

@@ -9,6 +9,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <functional>
 #include <utility>
 
 #include "core/CpuAllocationCapture.h"
@@ -92,25 +93,62 @@ struct LaunchedWork {
 // runs, so its replay takes the same kernels as eager execution.
 inline bool launch_async() { return flags::async_execution(); }
 
+// Launched work whose result has at least this many elements runs at the
+// call instead of on the stream's worker (once the stream's queued work is
+// done). Such a kernel (a GEMM of a prefill, an elementwise op over a whole
+// activation) runs long against the host's per-op overhead, so running
+// ahead hides little, and on cores the host thread shares, the worker's
+// OpenMP team would run beside the host's Python and lose: measured on
+// 2 cores, BERT-base ran 7-15% slower queued than at the call. Small
+// results (decode, batch-1 MLPs) are queued: there the host overhead is
+// what running ahead hides. EMBER_ASYNC_INLINE_NUMEL overrides it (0: run
+// every launched op at the call; a huge value: queue all).
+int64_t inline_result_numel();
+
+// Whether launched work with a result of `result_numel` elements would run
+// at the call on `device` now (launch_on_device's rule): for a kernel whose
+// launched form costs more than its synchronous one (oneDNN's packed GEMM
+// copies its result into the preallocated one), so the caller can take the
+// synchronous form instead.
+bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
+
+// Runs launched work at the call: as the worker would (below autograd,
+// the device's pool, the launching thread count), restoring the calling
+// thread's OpenMP thread count afterwards.
+void run_launched_inline(runtime::Stream& stream, const char* name,
+                         c10::DeviceIndex device,
+                         const std::function<void()>& work);
+
 // Queues `work` on `device`'s current stream (the stream's worker runs it,
-// in stream order) and returns at once. `work` owns everything it uses
+// in stream order) and returns true at once. `work` owns everything it uses
 // (CPU aliases of the ember tensors, owned copies of other arguments): the
 // caller's arguments may be gone when it runs. `name` (static) names it in
 // an asynchronous error. The result tensors must exist before the call (the
-// host allocated them from the op's known output layout).
+// host allocated them from the op's known output layout). A result of
+// `result_numel` >= inline_result_numel() elements is instead computed at
+// the call (false returned; not while the stream captures a graph, which
+// records every launched unit).
 template <class Work>
-void launch_on_device(c10::DeviceIndex device, const char* name, Work work) {
+bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
+                      int64_t result_numel = 0) {
+  bool queued = true;
   with_device_current(device, [&] {
     runtime::Stream& stream = runtime::device(device).streams().current();
     // A capturing stream records the unit as it is queued (Stream::enqueue);
     // a recorded unit carries no profiler trace of its capture.
     const bool capturing = capture::underway() && stream.capture() != nullptr;
+    if (!capturing && result_numel >= inline_result_numel() && stream.query()) {
+      queued = false;
+      run_launched_inline(stream, name, device, std::ref(work));
+      return;
+    }
     stream.enqueue(
         name, LaunchedWork<Work>{
                   device, launching_thread_count(device),
                   capturing ? std::nullopt : observe::trace_launch(stream.id()),
                   std::move(work)});
   });
+  return queued;
 }
 
 // A synchronous op that a graph can replay: runs `work` as run_on_device

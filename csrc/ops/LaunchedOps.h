@@ -106,7 +106,10 @@ at::Tensor launched(Args... args) {
           device, op_name<Op>(), [&] { work(); }, [&] { return work; });
       return out;
     }
-    launch_on_device(device, op_name<Op>().c_str(), std::move(work));
+    if (!launch_on_device(device, op_name<Op>().c_str(), std::move(work),
+                          out.numel())) {
+      return out;
+    }
   }
   count_launch(op_name<Op>());
   return out;
@@ -118,6 +121,13 @@ inline void note_result_writes(const at::Tensor& t) { note_storage_write(t); }
 template <class... Ts>
 void note_result_writes(const std::tuple<Ts...>& t) {
   std::apply([](const auto&... items) { (note_storage_write(items), ...); }, t);
+}
+
+// The element count of a result (one tensor, or the first of a tuple).
+inline int64_t result_numel(const at::Tensor& t) { return t.numel(); }
+template <class... Ts>
+int64_t result_numel(const std::tuple<Ts...>& t) {
+  return std::get<0>(t).numel();
 }
 
 // The CPU aliases of a result (one tensor, or a tuple of them).
@@ -195,13 +205,16 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
     if (!launchable) return std::nullopt;
     out = make_out();
     note_result_writes(out);
-    launch_on_device(
-        call.device(), name.c_str(),
-        [kept = std::move(kept), kernel = std::move(kernel),
-         out_cpu = cpu_aliases(out)] {
-          std::apply([&](const auto&... a) { kernel(out_cpu, use(a)...); },
-                     kept);
-        });
+    if (!launch_on_device(
+            call.device(), name.c_str(),
+            [kept = std::move(kept), kernel = std::move(kernel),
+             out_cpu = cpu_aliases(out)] {
+              std::apply([&](const auto&... a) { kernel(out_cpu, use(a)...); },
+                         kept);
+            },
+            result_numel(out))) {
+      return out;
+    }
   }
   count_launch(name);
   return out;
@@ -226,16 +239,18 @@ at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
     } catch (const std::exception&) {
       return inplace<Op, Args...>(self, args...);
     }
-    launch_on_device(call.device(), op_name<Op>().c_str(),
-                     [kept = std::move(kept), self_cpu]() mutable {
-                       std::apply(
-                           [&](const auto&... a) {
-                             Op::redispatch(
-                                 c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                 self_cpu, use(a)...);
-                           },
-                           kept);
-                     });
+    const bool queued = launch_on_device(
+        call.device(), op_name<Op>().c_str(),
+        [kept = std::move(kept), self_cpu]() mutable {
+          std::apply(
+              [&](const auto&... a) {
+                Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                               self_cpu, use(a)...);
+              },
+              kept);
+        },
+        self.numel());
+    if (!queued) return self;
   }
   count_launch(op_name<Op>());
   return self;

@@ -119,13 +119,14 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
   static const std::string name =
       "aten::_scaled_dot_product_flash_attention_for_cpu";
   observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
-  launch_on_device(
+  const bool queued = launch_on_device(
       q.device().index(), name.c_str(),
       [p = problem, operands = std::move(operands), out_cpu = cpu_alias(out),
        lse_cpu = cpu_alias(lse)]() mutable {
         forward_into(p, out_cpu, lse_cpu);
-      });
-  count_launch(name);
+      },
+      out.numel());
+  if (queued) count_launch(name);
   return std::make_tuple(std::move(out), std::move(lse));
 }
 

@@ -91,13 +91,14 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
   if (launch_async() && self.is_privateuseone() && dst.is_privateuseone() &&
       self.device() == dst.device() &&
       !self.storage().is_alias_of(dst.storage())) {
-    launch_on_device(
+    const bool queued = launch_on_device(
         device, "aten::copy_",
         [src_cpu = cpu_alias(self), dst_cpu = cpu_alias(dst)]() mutable {
           host_copy(dst_cpu, src_cpu);
-        });
+        },
+        dst.numel());
     static const std::string name = "aten::copy_";
-    count_launch(name);
+    if (queued) count_launch(name);
     return dst;
   }
   // Reading ember memory from the host or another device: a

@@ -52,12 +52,16 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
       return sync();
     }
     out = unboxed::empty_like_meta(meta, call.device());
-    launch_on_device(
-        call.device(), unboxed::op_name<Op>().c_str(),
-        [inputs = std::move(inputs), dim, out_cpu = cpu_alias(out)]() mutable {
-          at::_ops::cat_out::redispatch(kCpu, c10::ArrayRef<at::Tensor>(inputs),
-                                        dim, out_cpu);
-        });
+    if (!launch_on_device(
+            call.device(), unboxed::op_name<Op>().c_str(),
+            [inputs = std::move(inputs), dim,
+             out_cpu = cpu_alias(out)]() mutable {
+              at::_ops::cat_out::redispatch(
+                  kCpu, c10::ArrayRef<at::Tensor>(inputs), dim, out_cpu);
+            },
+            out.numel())) {
+      return out;
+    }
   }
   count_launch(unboxed::op_name<Op>());
   return out;
@@ -88,12 +92,15 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim,
     c10::DimVector sizes(self.sizes().begin(), self.sizes().end());
     sizes[d] = index.numel();
     out = at::empty(sizes, self.options());
-    launch_on_device(
-        call.device(), unboxed::op_name<Op>().c_str(),
-        [self_cpu, d, index_cpu, out_cpu = cpu_alias(out)]() mutable {
-          at::_ops::index_select_out::redispatch(kCpu, self_cpu, d, index_cpu,
-                                                 out_cpu);
-        });
+    if (!launch_on_device(
+            call.device(), unboxed::op_name<Op>().c_str(),
+            [self_cpu, d, index_cpu, out_cpu = cpu_alias(out)]() mutable {
+              at::_ops::index_select_out::redispatch(kCpu, self_cpu, d,
+                                                     index_cpu, out_cpu);
+            },
+            out.numel())) {
+      return out;
+    }
   }
   count_launch(unboxed::op_name<Op>());
   return out;

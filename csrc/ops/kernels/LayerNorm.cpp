@@ -64,7 +64,7 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
   at::Tensor out = at::empty(input.sizes(), input.options());
   at::Tensor mean = at::empty(stat_shape, input.options());
   at::Tensor rstd = at::empty(stat_shape, input.options());
-  launch_on_device(
+  const bool queued = launch_on_device(
       call.device(), unboxed::op_name<Op>().c_str(),
       [x, normalized = normalized.vec(), g, b, eps, out_cpu = cpu_alias(out),
        mean_cpu = cpu_alias(mean), rstd_cpu = cpu_alias(rstd)]() mutable {
@@ -74,8 +74,9 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
         out_cpu.copy_(y);
         mean_cpu.copy_(mu);
         rstd_cpu.copy_(sigma);
-      });
-  count_launch(unboxed::op_name<Op>());
+      },
+      out.numel());
+  if (queued) count_launch(unboxed::op_name<Op>());
   return {std::move(out), std::move(mean), std::move(rstd)};
 }
 

@@ -54,12 +54,14 @@ at::Tensor tanh(const at::Tensor& self) {
     at::Tensor out = at::empty(self.sizes(), self.options(), *layout);
     static const std::string name = "aten::tanh";
     observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
-    launch_on_device(self.device().index(), name.c_str(),
-                     [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
-                       tanh_f32(x.const_data_ptr<float>(),
-                                out_cpu.mutable_data_ptr<float>(), x.numel());
-                     });
-    count_launch(name);
+    const bool queued = launch_on_device(
+        self.device().index(), name.c_str(),
+        [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
+          tanh_f32(x.const_data_ptr<float>(), out_cpu.mutable_data_ptr<float>(),
+                   x.numel());
+        },
+        out.numel());
+    if (queued) count_launch(name);
     return out;
   }
   at::Tensor out = unboxed::custom<at::Tensor>(

@@ -253,16 +253,21 @@ void mark_onednn_path(const Plan& plan, Epilogue epilogue) {
 
 at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
                       Epilogue epilogue = Epilogue::kNone) {
-  std::optional<at::Tensor> out = unboxed::launch_into(
-      onednn_launch_name(),
-      [&] {
-        return at::empty({a.size(0), plan.cols}, a.options());
-      },
-      [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
-                       const std::optional<at::Tensor>& cbias) {
-        onednn_product_into(plan, epilogue, o, ca, cbias);
-      },
-      a, plan.bias);
+  // At the call, the synchronous form below returns oneDNN's own result
+  // (the launched one copies it into a preallocated result).
+  std::optional<at::Tensor> out;
+  if (!runs_at_call(a.device().index(), a.size(0) * plan.cols)) {
+    out = unboxed::launch_into(
+        onednn_launch_name(),
+        [&] {
+          return at::empty({a.size(0), plan.cols}, a.options());
+        },
+        [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
+                         const std::optional<at::Tensor>& cbias) {
+          onednn_product_into(plan, epilogue, o, ca, cbias);
+        },
+        a, plan.bias);
+  }
   if (!out) {
     out = unboxed::custom<at::Tensor>(
         "aten::addmm",
