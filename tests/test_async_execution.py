@@ -403,62 +403,6 @@ def test_launch_blocking_runs_ops_synchronously(run_python):
     assert "raised at the call" in result.stdout
 
 
-# A launched op whose result has at least this many elements runs at the
-# call when its stream has nothing queued (EMBER_ASYNC_INLINE_NUMEL).
-INLINE_NUMEL = 1 << 16
-
-
-@pytest.mark.parametrize(
-    "name, fn, unit",
-    [
-        ("mul", lambda x, w: x * 2, "aten::mul.Tensor"),
-        ("linear", lambda x, w: F.linear(x, w), "aten::addmm (onednn)"),
-        ("layer_norm", lambda x, w: F.layer_norm(x, (x.shape[-1],)), "aten::native_layer_norm"),
-    ],
-)
-def test_a_large_result_runs_at_the_call_on_an_idle_stream_and_queues_behind_work(name, fn, unit):
-    torch.manual_seed(0)
-    x = torch.randn(INLINE_NUMEL // 128, 128).to("ember")
-    w = torch.randn(128, 128).to("ember")
-    fn(x, w)  # packs the weight on first sight
-    torch.ember.synchronize()
-    torch_ember.reset_launch_stats()
-    at_call = fn(x, w)
-    assert torch.ember.current_stream().query()  # nothing was queued
-    assert _launched(unit) == 0, torch_ember.launch_stats()
-    _sleep(0.1)
-    queued = fn(x, w)  # work is queued: the op queues behind it
-    assert not torch.ember.current_stream().query()
-    assert _launched(unit) == 1, torch_ember.launch_stats()
-    torch.ember.synchronize()
-    small = fn(x[:256], w)  # a small result is queued on an idle stream
-    assert _launched(unit) == 2, torch_ember.launch_stats()
-    torch.backends.ember.async_execution = False
-    synchronous, small_synchronous = fn(x, w), fn(x[:256], w)
-    torch.backends.ember.async_execution = True
-    for result in (at_call, queued):
-        assert result.shape == synchronous.shape and result.stride() == synchronous.stride()
-        assert torch.equal(result.cpu(), synchronous.cpu())
-    assert torch.equal(small.cpu(), small_synchronous.cpu())
-
-
-@pytest.mark.parametrize("threshold, launched", [("0", 0), ("1000000000", 1)])
-def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, launched):
-    code = (
-        "import torch, torch_ember\n"
-        "torch.backends.ember.async_execution = True\n"
-        "x = torch.ones(1 << 17, device='ember')\n"
-        "torch.ember.synchronize()\n"
-        "torch_ember.reset_launch_stats()\n"
-        "y = x * 2\n"
-        "print(torch_ember.launch_stats().get('aten::mul.Tensor', {}).get('launched', 0))\n"
-        "assert torch.equal(y.cpu(), torch.full((1 << 17,), 2.0))\n"
-    )
-    result = run_python(code, env={"EMBER_ASYNC_INLINE_NUMEL": threshold})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == [str(launched)]
-
-
 def test_switching_async_off_runs_ops_at_the_call():
     torch.backends.ember.async_execution = False
     x = torch.arange(3.0, device="ember")
