@@ -50,7 +50,12 @@ def test_a_large_result_runs_at_the_call_on_an_idle_stream_and_queues_behind_wor
     assert torch.equal(small.cpu(), small_synchronous.cpu())
 
 
-@pytest.mark.parametrize("threshold, launched", [("0", 0), ("1000000000", 1)])
+# Launches counted for a 128 Ki-element and a 1000-element mul on an idle
+# stream: all at the call (0), all queued (huge), or the default (the large
+# one at the call), which an invalid value keeps.
+@pytest.mark.parametrize(
+    "threshold, launched", [("0", 0), ("1000000000", 2), ("lots", 1), ("-5", 1)]
+)
 def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, launched):
     code = (
         "import torch, torch_ember\n"
@@ -59,8 +64,12 @@ def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, l
         "torch.ember.synchronize()\n"
         "torch_ember.reset_launch_stats()\n"
         "y = x * 2\n"
+        "torch.ember.synchronize()\n"
+        "z = x[:1000] * 2\n"
+        "torch.ember.synchronize()\n"
         "print(torch_ember.launch_stats().get('aten::mul.Tensor', {}).get('launched', 0))\n"
         "assert torch.equal(y.cpu(), torch.full((1 << 17,), 2.0))\n"
+        "assert torch.equal(z.cpu(), torch.full((1000,), 2.0))\n"
     )
     result = run_python(code, env={"EMBER_ASYNC_INLINE_NUMEL": threshold})
     assert result.returncode == 0, result.stderr

@@ -77,9 +77,13 @@ int bind_thread_to_device(c10::DeviceIndex device) {
 
 int64_t inline_result_numel() {
   static const int64_t threshold = [] {
+    constexpr int64_t kDefault = int64_t{1} << 16;
     const char* value = std::getenv("EMBER_ASYNC_INLINE_NUMEL");
-    if (value == nullptr || *value == '\0') return int64_t{1} << 16;
-    return static_cast<int64_t>(std::strtoll(value, nullptr, 10));
+    if (value == nullptr || *value == '\0') return kDefault;
+    char* end = nullptr;
+    const long long parsed = std::strtoll(value, &end, 10);
+    return *end == '\0' && parsed >= 0 ? static_cast<int64_t>(parsed)
+                                       : kDefault;
   }();
   return threshold;
 }

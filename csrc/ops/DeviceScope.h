@@ -94,15 +94,17 @@ struct LaunchedWork {
 inline bool launch_async() { return flags::async_execution(); }
 
 // Launched work whose result has at least this many elements runs at the
-// call instead of on the stream's worker (once the stream's queued work is
-// done). Such a kernel (a GEMM of a prefill, an elementwise op over a whole
-// activation) runs long against the host's per-op overhead, so running
-// ahead hides little, and on cores the host thread shares, the worker's
-// OpenMP team would run beside the host's Python and lose: measured on
-// 2 cores, BERT-base ran 7-15% slower queued than at the call. Small
-// results (decode, batch-1 MLPs) are queued: there the host overhead is
-// what running ahead hides. EMBER_ASYNC_INLINE_NUMEL overrides it (0: run
-// every launched op at the call; a huge value: queue all).
+// call instead of on the stream's worker while the stream has nothing
+// queued (behind queued work it is queued too: waiting would undo the
+// overlap running ahead gives). Such a kernel (a GEMM of a prefill, an
+// elementwise op over a whole activation) runs long against the host's per-op
+// overhead, so running ahead hides little, and on cores the host thread shares,
+// the worker's OpenMP team would run beside the host's Python and lose:
+// measured on 2 cores, BERT-base ran 7-15% slower queued than at the call.
+// Small results (decode, batch-1 MLPs) are queued: there the host overhead is
+// what running ahead hides. EMBER_ASYNC_INLINE_NUMEL (a non-negative
+// integer; anything else keeps the default) overrides it (0: every launched
+// op on an idle stream runs at the call; a huge value: queue all).
 int64_t inline_result_numel();
 
 // Whether launched work with a result of `result_numel` elements would run
