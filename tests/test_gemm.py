@@ -277,8 +277,11 @@ def test_medium_precision_streams_bf16_panels(m, capfd):
     ref = xr @ wr.t() + lin.bias.detach().cpu().double()
     bound = k * EPS32 * (xr.abs() @ wr.abs().t()) + 1e-6
     assert ((out.cpu().double() - ref).abs() <= bound).all()
-    # and it is not fp32 (the bf16 rounding shows against the fp32 product)
-    fp32 = x.cpu() @ lin.weight.detach().cpu().t() + lin.bias.detach().cpu()
+    # and it is not fp32 (the bf16 rounding shows against the fp32 product;
+    # computed in float64: CPU's own fp32 GEMM also takes bf16 operands under
+    # "medium" on CPUs with AMX)
+    x64, w64 = x.cpu().double(), lin.weight.detach().cpu().double()
+    fp32 = (x64 @ w64.t() + lin.bias.detach().cpu().double()).float()
     assert not torch.allclose(out.cpu(), fp32, rtol=1e-6, atol=1e-6)
 
 
