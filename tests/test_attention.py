@@ -211,3 +211,37 @@ def test_bf16_is_computed_in_fp32_and_rounded_once(shape, mask_kind, causal, cap
     scale = ref.abs().max().item()
     torch.testing.assert_close(out.cpu(), out_cpu, rtol=1.6e-2, atol=2**-8 * scale)
     torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "shape", [SHAPES[4], SHAPES[0], SHAPES[1]], ids=lambda s: "x".join(map(str, s))
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_bf16_reads_its_operands_in_place_and_launches(shape, causal):
+    """Without a mask, bf16 attention is launched on the stream as fp32's is,
+    and its kernel reads the bf16 operands where they are (widening each
+    row as it goes): no fp32 copy of Q, K or V is allocated (a decode step
+    used to copy the whole KV cache to fp32), and the result is bitwise the
+    one computed at the call."""
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's attention kernel needs AVX-512F")
+    b, h, lq, lk, d = shape
+    q, k, v = (t.bfloat16().to(DEVICE) for t in _qkv(b, h, lq, lk, d, seed=5 * lk + lq))
+    with be.flags(async_execution=False):
+        out_sync, lse_sync = FLASH(q, k, v, 0.0, causal)
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    torch.ember.reset_peak_memory_stats()
+    before = torch.ember.memory_allocated()
+    with be.flags(async_execution=True):
+        out, lse = FLASH(q, k, v, 0.0, causal)
+        torch.ember.synchronize()
+    peak = torch.ember.max_memory_allocated() - before
+    # the results (bf16 out, its fp32 staging, fp32 logsumexp), nothing of K's size in fp32
+    assert peak < out.nbytes * 3 + lse.nbytes + 4 * 512, (peak, k.nbytes)
+    stats = torch_ember.launch_stats()
+    name = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    if out.numel() < 1 << 16:  # larger results run at the call on an idle stream
+        assert stats.get(name, {}).get("launched", 0) == 1, stats
+    assert torch.equal(out.cpu(), out_sync.cpu()) and torch.equal(lse.cpu(), lse_sync.cpu())
+    assert out.dtype == torch.bfloat16 and out.stride() == out_sync.stride()

@@ -33,9 +33,12 @@ bool unit_last_dim(const at::Tensor& t, at::ScalarType dtype) {
          (t.stride(3) == 1 || t.size(3) == 1) && !t.is_conj() && !t.is_neg();
 }
 
-// An fp32 operand's memory; a bf16 one gets its fp32 copy at the call.
+// An operand's memory: fp32, or bf16 (the kernel widens its rows as it
+// reads them).
 attn::Operand operand(const at::Tensor& t) {
-  return {t.scalar_type() == at::kFloat ? t.const_data_ptr<float>() : nullptr,
+  const bool fp32 = t.scalar_type() == at::kFloat;
+  return {fp32 ? t.const_data_ptr<float>() : nullptr,
+          fp32 ? nullptr : static_cast<const uint16_t*>(t.const_data_ptr()),
           t.stride(0), t.stride(1), t.stride(2)};
 }
 
@@ -45,7 +48,7 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
                                   bool is_causal,
                                   const std::optional<at::Tensor>& attn_mask,
                                   std::optional<double> scale) {
-  // fp32, or bf16 computed in fp32 from exact fp32 copies of the operands
+  // fp32, or bf16 computed in fp32 from the operands' exact fp32 values
   // (CPU's bf16 kernel also accumulates and normalises in fp32).
   const at::ScalarType dtype = q.scalar_type();
   if (flags::cpu_parity() || flags::deterministic() || dropout_p != 0.0 ||
@@ -103,36 +106,49 @@ void forward_into(attn::Problem& p, const at::Tensor& out,
 // ember's kernel launched on the stream: results allocated here in CPU's
 // layouts (see flash_attention), the kernel run by the worker on the
 // operands' CPU aliases. nullopt for an output layout the kernel cannot
-// write directly.
+// write directly. bf16 operands (no mask): the kernel writes an fp32
+// result, rounded to bf16 into the output by ATen's copy, as CPU's bf16
+// flash kernel rounds its output once.
 std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
     const attn::Problem& problem, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& attn_mask) {
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
   at::Tensor out = at::empty_like(q);
-  if (out.stride(3) != 1 && problem.v_dim != 1) return std::nullopt;
-  at::Tensor lse =
-      at::empty({problem.batch, problem.q_len, problem.heads}, q.options())
-          .transpose(1, 2);
+  if (!bf16 && out.stride(3) != 1 && problem.v_dim != 1) return std::nullopt;
+  const auto fp32 = q.options().dtype(at::kFloat);
+  at::Tensor lse = at::empty({problem.batch, problem.q_len, problem.heads}, fp32)
+                       .transpose(1, 2);
+  at::Tensor out32 =
+      bf16 ? at::empty({problem.batch, problem.heads, problem.q_len,
+                        problem.v_dim},
+                       fp32)
+           : out;
   std::vector<at::Tensor> operands = {cpu_alias(q), cpu_alias(k), cpu_alias(v)};
   if (attn_mask.has_value() && attn_mask->defined()) {
     operands.push_back(cpu_alias(*attn_mask));
   }
   static const std::string name =
       "aten::_scaled_dot_product_flash_attention_for_cpu";
-  observe::mark_path(observe::ExecutionPath::kNative, "ember/attention");
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     bf16 ? "ember/attention-bf16" : "ember/attention");
+  attn::Problem p = problem;
+  p.bf16_probabilities = bf16;
   const bool queued = launch_on_device(
       q.device().index(), name.c_str(),
-      [p = problem, operands = std::move(operands), out_cpu = cpu_alias(out),
-       lse_cpu = cpu_alias(lse)]() mutable {
-        forward_into(p, out_cpu, lse_cpu);
+      [p, bf16, operands = std::move(operands), out_cpu = cpu_alias(out),
+       out32_cpu = cpu_alias(out32), lse_cpu = cpu_alias(lse)]() mutable {
+        forward_into(p, out32_cpu, lse_cpu);
+        if (bf16) out_cpu.copy_(out32_cpu);
       },
       out.numel());
   if (queued) count_launch(name);
   return std::make_tuple(std::move(out), std::move(lse));
 }
 
-// bf16 operands: ember's fp32 kernel on fp32 copies of Q, K, V (and the
-// mask), the unnormalised probabilities rounded to bf16 before P V and the
-// output rounded to bf16 once, as CPU's bf16 flash kernel rounds them; the
+// bf16 operands at the call: ember's fp32 kernel reading Q, K and V as
+// they are (widened row by row) and an fp32 copy of the mask, the
+// unnormalised probabilities rounded to bf16 before P V and the output
+// rounded to bf16 once, as CPU's bf16 flash kernel rounds them; the
 // logsumexp stays fp32, as CPU's. A decode step's attention ran ~4x slower
 // in CPU's kernel.
 std::tuple<at::Tensor, at::Tensor> bf16_attention(
@@ -151,12 +167,9 @@ std::tuple<at::Tensor, at::Tensor> bf16_attention(
                                     const std::optional<at::Tensor>& m) {
         attn::Problem p = problem;
         p.bf16_probabilities = true;
-        const at::Tensor q32 = q.to(at::kFloat);
-        const at::Tensor k32 = k.to(at::kFloat);
-        const at::Tensor v32 = v.to(at::kFloat);
-        p.q = operand(q32);
-        p.k = operand(k32);
-        p.v = operand(v32);
+        p.q = operand(q);
+        p.k = operand(k);
+        p.v = operand(v);
         at::Tensor m32;
         if (m.has_value()) {
           m32 = m->to(at::kFloat);
@@ -204,11 +217,13 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
         bool, const std::optional<at::Tensor>&, std::optional<double>>(
         query, key, value, dropout_p, is_causal, attn_mask, scale);
   }
-  if (query.scalar_type() == at::kBFloat16) {
+  const bool launchable = launch_async() && query.device() == key.device() &&
+                          query.device() == value.device();
+  const bool has_mask = attn_mask.has_value() && attn_mask->defined();
+  if (query.scalar_type() == at::kBFloat16 && (has_mask || !launchable)) {
     return bf16_attention(*problem, query, key, value, attn_mask);
   }
-  if (launch_async() && query.device() == key.device() &&
-      query.device() == value.device()) {
+  if (launchable) {
     if (auto launched = launch_flash(*problem, query, key, value, attn_mask)) {
       return *std::move(launched);
     }

@@ -51,6 +51,48 @@ __attribute__((target("avx512f"))) void round_to_bf16(float* values,
   }
 }
 
+// out[i] = the fp32 value of the bf16 bits in[i] (exact: bf16 is fp32's top
+// half).
+__attribute__((target("avx512f"))) void widen_bf16(const uint16_t* in,
+                                                    float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i wide = _mm512_cvtepu16_epi32(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i)));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
+  }
+  for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+}
+
+// Rows [row0, row0 + rows) of `op` at (b, h), `width` values each, as fp32:
+// the operand's own memory, or a bf16 operand's rows widened into
+// `scratch`. `row_stride` receives the stride of the returned rows.
+const float* head_rows(const Operand& op, int64_t b, int64_t h, int64_t row0,
+                       int64_t rows, int64_t width, std::vector<float>& scratch,
+                       int64_t& row_stride) {
+  const int64_t offset =
+      b * op.batch_stride + h * op.head_stride + row0 * op.row_stride;
+  if (op.data != nullptr) {
+    row_stride = op.row_stride;
+    return op.data + offset;
+  }
+  scratch.resize(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r) {
+    widen_bf16(op.bf16 + offset + r * op.row_stride,
+               scratch.data() + r * width, width);
+  }
+  row_stride = width;
+  return scratch.data();
+}
+
+// The fp32 rows one thread reads for a (batch, head) of bf16 operands.
+struct WidenedRows {
+  std::vector<float> q, k, v;
+};
+
 // Scale-and-mask is done; row r of `s` (cols wide) holds query row row0 + r.
 // Turns each row into unnormalised probabilities, stores its logsumexp and
 // returns 1 / (row sum) per row in `inverse_sums`.
@@ -108,25 +150,28 @@ int64_t visible_cols(const Problem& p, int64_t row0, int64_t rows) {
 // of V added per key, straight from the operands (each key and value row
 // is read once; a GEMM call per head costs more than the work).
 void vector_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
-                 int64_t rows, std::vector<float>& scores) {
+                 int64_t rows, std::vector<float>& scores,
+                 WidenedRows& widened) {
   const int64_t cols = visible_cols(p, row0, rows);
   scores.resize(static_cast<size_t>(rows * cols + rows));
   float* s = scores.data();
   float* inverse_sums = s + rows * cols;
-  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride;
-  const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
-  const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* q =
+      head_rows(p.q, b, h, row0, rows, p.head_dim, widened.q, q_stride);
+  const float* k = head_rows(p.k, b, h, 0, cols, p.head_dim, widened.k, k_stride);
+  const float* v = head_rows(p.v, b, h, 0, cols, p.v_dim, widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   for (int64_t r = 0; r < rows; ++r) {
-    const float* q_row = q + (row0 + r) * p.q.row_stride;
+    const float* q_row = q + r * q_stride;
     float* s_row = s + r * cols;
     for (int64_t j = 0; j < cols; ++j) {
-      s_row[j] = p.scale * dot_f32(q_row, k + j * p.k.row_stride, p.head_dim);
+      s_row[j] = p.scale * dot_f32(q_row, k + j * k_stride, p.head_dim);
     }
   }
   softmax_rows(p, b, h, row0, rows, cols, s, inverse_sums);
   for (int64_t r = 0; r < rows; ++r) {
-    weighted_row_sum_f32(s + r * cols, cols, v, p.v.row_stride,
+    weighted_row_sum_f32(s + r * cols, cols, v, v_stride,
                          out + (row0 + r) * p.out_row_stride, p.v_dim);
   }
   normalise_rows(out + row0 * p.out_row_stride, p.out_row_stride, rows, p.v_dim,
@@ -180,6 +225,7 @@ void pack_value_panels(const float* v, int64_t row_stride, int64_t keys,
 struct HeadScratch {
   AlignedFloats keys, values;
   std::vector<float> scores, inverse_sums;
+  WidenedRows widened;
 };
 
 // Many query rows (prefill, encoders): K^T and V are packed once per head,
@@ -194,20 +240,24 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
   float* values = scratch.values.resize(value_panels * p.kv_len * kPanelWidth);
   scratch.scores.resize(static_cast<size_t>(kSkinnyMaxRows * p.kv_len));
   scratch.inverse_sums.resize(kSkinnyMaxRows);
-  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride;
-  const float* k = p.k.data + b * p.k.batch_stride + h * p.k.head_stride;
-  const float* v = p.v.data + b * p.v.batch_stride + h * p.v.head_stride;
+  WidenedRows& widened = scratch.widened;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  const float* q =
+      head_rows(p.q, b, h, 0, p.q_len, p.head_dim, widened.q, q_stride);
+  const float* k =
+      head_rows(p.k, b, h, 0, p.kv_len, p.head_dim, widened.k, k_stride);
+  const float* v = head_rows(p.v, b, h, 0, p.kv_len, p.v_dim, widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   // K^T (head_dim x kv_len) and V (kv_len x v_dim) into panels.
-  pack_key_panels(k, p.k.row_stride, p.kv_len, p.head_dim, keys);
-  pack_value_panels(v, p.v.row_stride, p.kv_len, p.v_dim, values);
+  pack_key_panels(k, k_stride, p.kv_len, p.head_dim, keys);
+  pack_value_panels(v, v_stride, p.kv_len, p.v_dim, values);
   std::vector<float> scaled_q(static_cast<size_t>(kSkinnyMaxRows * p.head_dim));
   for (int64_t row0 = 0; row0 < p.q_len; row0 += kSkinnyMaxRows) {
     const int64_t rows = std::min(kSkinnyMaxRows, p.q_len - row0);
     const int64_t cols = visible_cols(p, row0, rows);
     // The scale goes on Q (rows x head_dim) rather than on the scores.
     for (int64_t r = 0; r < rows; ++r) {
-      scale_f32(q + (row0 + r) * p.q.row_stride, p.scale,
+      scale_f32(q + (row0 + r) * q_stride, p.scale,
                 scaled_q.data() + r * p.head_dim, p.head_dim);
     }
     float* s = scratch.scores.data();
@@ -245,8 +295,9 @@ void forward(const Problem& p) {
   }
   parallel_chunks(p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
+    WidenedRows widened;
     for (int64_t t = begin; t < end; ++t) {
-      vector_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores);
+      vector_rows(p, t / p.heads, t % p.heads, 0, p.q_len, scores, widened);
     }
   });
 }

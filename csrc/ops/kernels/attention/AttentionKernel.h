@@ -18,16 +18,21 @@
 namespace ember::kernels::attention {
 
 // Strides are in elements: [batch, head, row]; the last dimension has
-// unit stride. A broadcast dimension has stride 0.
+// unit stride. A broadcast dimension has stride 0. The values are fp32
+// (`data`) or bf16 (`bf16`, raw bits; `data` null): a bf16 operand's rows
+// of one (batch, head) are widened to fp32 in the thread's scratch as the
+// kernel reaches them (exactly: every bf16 is an fp32), so the arithmetic
+// is the fp32 kernel's and no fp32 copy of a whole KV cache is made.
 struct Operand {
   const float* data = nullptr;
+  const uint16_t* bf16 = nullptr;
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
 };
 
 struct Problem {
   int64_t batch = 0, heads = 0, q_len = 0, kv_len = 0, head_dim = 0, v_dim = 0;
-  Operand q, k, v;
-  Operand mask;         // additive, [q_len, kv_len] per (batch, head); optional
+  Operand q, k, v;      // fp32 or bf16
+  Operand mask;         // additive, fp32, [q_len, kv_len] per (batch, head); optional
   bool causal = false;  // row i sees keys j <= i (top-left aligned)
   // Round the unnormalised probabilities to bf16 before P V, as CPU's bf16
   // flash kernel does (its P V is a bf16 GEMM); the row sums stay fp32.
