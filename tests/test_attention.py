@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_ember  # noqa: F401
+import torch_ember
 
 DEVICE = "ember"
 be = torch.backends.ember

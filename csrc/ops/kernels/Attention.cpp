@@ -116,13 +116,13 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
   at::Tensor out = at::empty_like(q);
   if (!bf16 && out.stride(3) != 1 && problem.v_dim != 1) return std::nullopt;
   const auto fp32 = q.options().dtype(at::kFloat);
-  at::Tensor lse = at::empty({problem.batch, problem.q_len, problem.heads}, fp32)
-                       .transpose(1, 2);
-  at::Tensor out32 =
-      bf16 ? at::empty({problem.batch, problem.heads, problem.q_len,
-                        problem.v_dim},
-                       fp32)
-           : out;
+  at::Tensor lse =
+      at::empty({problem.batch, problem.q_len, problem.heads}, fp32)
+          .transpose(1, 2);
+  at::Tensor out32 = bf16 ? at::empty({problem.batch, problem.heads,
+                                       problem.q_len, problem.v_dim},
+                                      fp32)
+                          : out;
   std::vector<at::Tensor> operands = {cpu_alias(q), cpu_alias(k), cpu_alias(v)};
   if (attn_mask.has_value() && attn_mask->defined()) {
     operands.push_back(cpu_alias(*attn_mask));

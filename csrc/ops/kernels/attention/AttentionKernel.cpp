@@ -54,7 +54,7 @@ __attribute__((target("avx512f"))) void round_to_bf16(float* values,
 // out[i] = the fp32 value of the bf16 bits in[i] (exact: bf16 is fp32's top
 // half).
 __attribute__((target("avx512f"))) void widen_bf16(const uint16_t* in,
-                                                    float* out, int64_t n) {
+                                                   float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512i wide = _mm512_cvtepu16_epi32(
@@ -81,8 +81,8 @@ const float* head_rows(const Operand& op, int64_t b, int64_t h, int64_t row0,
   }
   scratch.resize(static_cast<size_t>(rows * width));
   for (int64_t r = 0; r < rows; ++r) {
-    widen_bf16(op.bf16 + offset + r * op.row_stride,
-               scratch.data() + r * width, width);
+    widen_bf16(op.bf16 + offset + r * op.row_stride, scratch.data() + r * width,
+               width);
   }
   row_stride = width;
   return scratch.data();
@@ -159,7 +159,8 @@ void vector_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   const float* q =
       head_rows(p.q, b, h, row0, rows, p.head_dim, widened.q, q_stride);
-  const float* k = head_rows(p.k, b, h, 0, cols, p.head_dim, widened.k, k_stride);
+  const float* k =
+      head_rows(p.k, b, h, 0, cols, p.head_dim, widened.k, k_stride);
   const float* v = head_rows(p.v, b, h, 0, cols, p.v_dim, widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   for (int64_t r = 0; r < rows; ++r) {
@@ -246,7 +247,8 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
       head_rows(p.q, b, h, 0, p.q_len, p.head_dim, widened.q, q_stride);
   const float* k =
       head_rows(p.k, b, h, 0, p.kv_len, p.head_dim, widened.k, k_stride);
-  const float* v = head_rows(p.v, b, h, 0, p.kv_len, p.v_dim, widened.v, v_stride);
+  const float* v =
+      head_rows(p.v, b, h, 0, p.kv_len, p.v_dim, widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   // K^T (head_dim x kv_len) and V (kv_len x v_dim) into panels.
   pack_key_panels(k, k_stride, p.kv_len, p.head_dim, keys);

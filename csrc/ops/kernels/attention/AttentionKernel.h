@@ -31,8 +31,8 @@ struct Operand {
 
 struct Problem {
   int64_t batch = 0, heads = 0, q_len = 0, kv_len = 0, head_dim = 0, v_dim = 0;
-  Operand q, k, v;      // fp32 or bf16
-  Operand mask;         // additive, fp32, [q_len, kv_len] per (batch, head); optional
+  Operand q, k, v;  // fp32 or bf16
+  Operand mask;  // additive, fp32, [q_len, kv_len] per (batch, head); optional
   bool causal = false;  // row i sees keys j <= i (top-left aligned)
   // Round the unnormalised probabilities to bf16 before P V, as CPU's bf16
   // flash kernel does (its P V is a bf16 GEMM); the row sums stay fp32.
