@@ -29,10 +29,13 @@ void init_aten_threads() {
   at::internal::lazy_init_num_threads();
 }
 
+thread_local bool t_stream_worker = false;
+
 // Runs on every new stream worker (already pinned to its device's cores):
 // its kernels' OpenMP teams use exactly that many threads, and inherit the
 // worker's affinity.
 void on_worker_start(const runtime::WorkerConfig& config) {
+  t_stream_worker = true;
   init_aten_threads();
   if (!config.cores.empty()) {
     omp_set_num_threads(static_cast<int>(config.cores.size()));
@@ -51,6 +54,8 @@ int launching_thread_count(c10::DeviceIndex device) {
   const auto cores = static_cast<int>(runtime::device_cores(device).size());
   return cores > 0 && cores < threads ? cores : threads;
 }
+
+bool on_stream_worker() { return t_stream_worker; }
 
 void match_thread_count(int threads) {
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);

@@ -20,6 +20,7 @@
 #include "observe/Profiler.h"
 #include "ops/LaunchStats.h"
 #include "ops/WithDevice.h"
+#include "ops/kernels/SerialScope.h"
 
 namespace ember {
 
@@ -62,6 +63,30 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
 // cpu_parity, whose promise is CPU's bits at the launching thread's count.
 int launching_thread_count(c10::DeviceIndex device);
 void match_thread_count(int threads);
+
+// Whether the calling thread is a stream worker.
+bool on_stream_worker();
+
+// Runs an ATen kernel whose bits do not depend on how many threads split
+// it (elementwise ops, copies, cat, gathers, argmax, row-wise softmax): on
+// a stream worker with a one-thread OpenMP team (and MKL count), anywhere
+// else as it is. A worker that opens multi-thread regions gets a libgomp
+// pool of its own beside the host thread's; once the pools hold more
+// threads than the process has cores, libgomp cuts every pool's spin-wait
+// to ~100 spins, so each later parallel region of either thread pays a
+// futex wake-up: CPU's bf16 tanh over 3072 values (a region above VML's
+// 2048-element grain) went from 6 to 15-100 us on the host thread once the
+// worker had run one (Intel host, 2 cores). ember's own kernels split
+// their work with parallel_chunks and keep the worker's thread count.
+template <class Fn>
+void run_split_free(Fn&& fn) {
+  if (!on_stream_worker()) {
+    fn();
+    return;
+  }
+  const kernels::SerialScope one_thread;
+  fn();
+}
 
 // Launched op work: what the stream's worker runs. Below autograd (as the
 // kernel would be on the launching thread), with the device's pool serving

@@ -59,14 +59,30 @@ kept_t<T> keep(DelegationCall&, const T& value, bool&) {
 // A fresh ember tensor laid out as `meta` (the meta function's result).
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::DeviceIndex device);
 
-// The CPU kernel of an out= overload, as launched work runs it.
-template <class OutOp>
+// The CPU kernel of an out= overload, as launched work runs it. kSplitFree:
+// its bits do not depend on its thread count (elementwise, argmax, row-wise
+// softmax), so a stream worker runs it on one thread (run_split_free); a
+// reduction whose sums follow the thread split leaves it false.
+template <class OutOp, bool SplitFree = false>
 struct OutForm {
+  static constexpr bool kSplitFree = SplitFree;
   template <class... A>
   static void run(at::Tensor& out, const A&... args) {
     OutOp::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), args..., out);
   }
 };
+template <class OutOp>
+using SplitFreeOutForm = OutForm<OutOp, /*SplitFree=*/true>;
+
+// Whether a launched kernel form declares itself split-free (kSplitFree).
+template <class Kernel>
+constexpr bool split_free() {
+  if constexpr (requires { Kernel::kSplitFree; }) {
+    return Kernel::kSplitFree;
+  } else {
+    return false;
+  }
+}
 
 // An op returning one new tensor. `Kernel::run(out, args...)` computes it
 // into `out` (OutForm<its out= overload>, usually), `Meta::infer(args...)`
@@ -95,11 +111,18 @@ at::Tensor launched(Args... args) {
     const c10::DeviceIndex device = call.device();
     out = empty_like_meta(meta, device);
     auto work = [kept = std::move(kept), out_cpu = cpu_alias(out)] {
-      std::apply(
-          [&](const auto&... a) {
-            Kernel::run(const_cast<at::Tensor&>(out_cpu), use(a)...);
-          },
-          kept);
+      const auto run = [&] {
+        std::apply(
+            [&](const auto&... a) {
+              Kernel::run(const_cast<at::Tensor&>(out_cpu), use(a)...);
+            },
+            kept);
+      };
+      if constexpr (split_free<Kernel>()) {
+        run_split_free(run);
+      } else {
+        run();
+      }
     };
     if (recording) {
       run_on_device_recorded(
@@ -220,9 +243,9 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
   return out;
 }
 
-// An op that writes into its first argument. `Meta::infer(self, args...)`
-// runs the op's in-place meta function on the alias of self (its checks:
-// shapes, dtype casting, overlap), raising what the CPU kernel would.
+// An elementwise op that writes into its first argument. `Meta::infer(self,
+// args...)` runs the op's in-place meta function on the alias of self (its
+// checks: shapes, dtype casting, overlap), raising what the CPU kernel would.
 template <class Op, class Meta, class... Args>
 at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
   if (!launch_async()) return inplace<Op, Args...>(self, args...);
@@ -242,12 +265,14 @@ at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
     const bool queued = launch_on_device(
         call.device(), op_name<Op>().c_str(),
         [kept = std::move(kept), self_cpu]() mutable {
-          std::apply(
-              [&](const auto&... a) {
-                Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                               self_cpu, use(a)...);
-              },
-              kept);
+          run_split_free([&] {  // the in-place elementwise ops (add_, mul_)
+            std::apply(
+                [&](const auto&... a) {
+                  Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                 self_cpu, use(a)...);
+                },
+                kept);
+          });
         },
         self.numel());
     if (!queued) return self;

@@ -138,7 +138,7 @@ std::optional<std::tuple<at::Tensor, at::Tensor>> launch_flash(
       [p, bf16, operands = std::move(operands), out_cpu = cpu_alias(out),
        out32_cpu = cpu_alias(out32), lse_cpu = cpu_alias(lse)]() mutable {
         forward_into(p, out32_cpu, lse_cpu);
-        if (bf16) out_cpu.copy_(out32_cpu);
+        if (bf16) run_split_free([&] { out_cpu.copy_(out32_cpu); });
       },
       out.numel());
   if (queued) count_launch(name);

@@ -94,7 +94,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
     const bool queued = launch_on_device(
         device, "aten::copy_",
         [src_cpu = cpu_alias(self), dst_cpu = cpu_alias(dst)]() mutable {
-          host_copy(dst_cpu, src_cpu);
+          run_split_free([&] { host_copy(dst_cpu, src_cpu); });
         },
         dst.numel());
     static const std::string name = "aten::copy_";

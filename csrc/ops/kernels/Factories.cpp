@@ -45,9 +45,10 @@ at::Tensor& arange_start_out(const at::Scalar& start, const at::Scalar& end,
     if (values.numel() <= kHostComputedRange) {
       if (out.numel() != values.numel()) out.resize_({values.numel()});
       static const std::string name = "aten::arange.start_out";
-      launch_on_device(
-          out.device().index(), name.c_str(),
-          [values, out_cpu = cpu_alias(out)] { out_cpu.copy_(values); });
+      launch_on_device(out.device().index(), name.c_str(),
+                       [values, out_cpu = cpu_alias(out)] {
+                         run_split_free([&] { out_cpu.copy_(values); });
+                       });
       count_launch(name);
       return out;
     }

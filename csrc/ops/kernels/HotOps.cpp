@@ -36,6 +36,7 @@ namespace ops = at::_ops;
 
 // relu's CPU kernel is clamp_min(self, 0).
 struct ReluKernel {
+  static constexpr bool kSplitFree = true;
   static void run(at::Tensor& out, const at::Tensor& self) {
     ops::clamp_min_out::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    self, 0, out);
@@ -54,41 +55,42 @@ at::Tensor pow_tensor_scalar(T self, S exponent) {
         op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return stack.back().toTensor();
   }
-  return unboxed::launched<ops::pow_Tensor_Scalar,
-                           unboxed::OutForm<ops::pow_Tensor_Scalar_out>,
-                           kernels::layouts::PowScalar, T, S>(self, exponent);
+  return unboxed::launched<
+      ops::pow_Tensor_Scalar,
+      unboxed::SplitFreeOutForm<ops::pow_Tensor_Scalar_out>,
+      kernels::layouts::PowScalar, T, S>(self, exponent);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
   m.impl("add.Tensor",
-         TORCH_FN((launched<ops::add_Tensor, OutForm<ops::add_out>, lay::Add, T,
-                            T, S>)));
+         TORCH_FN((launched<ops::add_Tensor, SplitFreeOutForm<ops::add_out>,
+                            lay::Add, T, T, S>)));
   m.impl("sub.Tensor",
-         TORCH_FN((launched<ops::sub_Tensor, OutForm<ops::sub_out>, lay::Sub, T,
-                            T, S>)));
-  m.impl(
-      "mul.Tensor",
-      TORCH_FN(
-          (launched<ops::mul_Tensor, OutForm<ops::mul_out>, lay::Mul, T, T>)));
-  m.impl(
-      "div.Tensor",
-      TORCH_FN(
-          (launched<ops::div_Tensor, OutForm<ops::div_out>, lay::Div, T, T>)));
+         TORCH_FN((launched<ops::sub_Tensor, SplitFreeOutForm<ops::sub_out>,
+                            lay::Sub, T, T, S>)));
+  m.impl("mul.Tensor",
+         TORCH_FN((launched<ops::mul_Tensor, SplitFreeOutForm<ops::mul_out>,
+                            lay::Mul, T, T>)));
+  m.impl("div.Tensor",
+         TORCH_FN((launched<ops::div_Tensor, SplitFreeOutForm<ops::div_out>,
+                            lay::Div, T, T>)));
   m.impl("pow.Tensor_Scalar", TORCH_FN(pow_tensor_scalar));
   m.impl("argmax",
-         TORCH_FN((launched<ops::argmax, OutForm<ops::argmax_out>, lay::Argmax,
-                            T, std::optional<int64_t>, bool>)));
+         TORCH_FN((launched<ops::argmax, SplitFreeOutForm<ops::argmax_out>,
+                            lay::Argmax, T, std::optional<int64_t>, bool>)));
   m.impl("add_.Tensor",
          TORCH_FN((launched_inplace<ops::add__Tensor, lay::AddInplace, T, S>)));
   m.impl("mul_.Tensor",
          TORCH_FN((launched_inplace<ops::mul__Tensor, lay::MulInplace, T>)));
   // Under determinism these two take a fixed-order path (DeterministicOps).
   m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
-  m.impl("_log_softmax",
-         TORCH_FN((launched<ops::_log_softmax, OutForm<ops::_log_softmax_out>,
-                            lay::LogSoftmax, T, int64_t, bool>)));
+  m.impl(
+      "_log_softmax",
+      TORCH_FN(
+          (launched<ops::_log_softmax, SplitFreeOutForm<ops::_log_softmax_out>,
+                    lay::LogSoftmax, T, int64_t, bool>)));
   m.impl("gelu", TORCH_FN(kernels::deterministic::gelu));
   m.impl("relu", TORCH_FN((launched<ops::relu, ReluKernel, lay::Relu, T>)));
   m.impl("tanh", TORCH_FN(kernels::tanh));

@@ -56,8 +56,10 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
             call.device(), unboxed::op_name<Op>().c_str(),
             [inputs = std::move(inputs), dim,
              out_cpu = cpu_alias(out)]() mutable {
-              at::_ops::cat_out::redispatch(
-                  kCpu, c10::ArrayRef<at::Tensor>(inputs), dim, out_cpu);
+              run_split_free([&] {
+                at::_ops::cat_out::redispatch(
+                    kCpu, c10::ArrayRef<at::Tensor>(inputs), dim, out_cpu);
+              });
             },
             out.numel())) {
       return out;
@@ -95,8 +97,10 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim,
     if (!launch_on_device(
             call.device(), unboxed::op_name<Op>().c_str(),
             [self_cpu, d, index_cpu, out_cpu = cpu_alias(out)]() mutable {
-              at::_ops::index_select_out::redispatch(kCpu, self_cpu, d,
-                                                     index_cpu, out_cpu);
+              run_split_free([&] {
+                at::_ops::index_select_out::redispatch(kCpu, self_cpu, d,
+                                                       index_cpu, out_cpu);
+              });
             },
             out.numel())) {
       return out;

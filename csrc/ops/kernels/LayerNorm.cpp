@@ -1,6 +1,6 @@
-// native_layer_norm on ember: for small inputs (token-at-a-time decoding,
-// batch-1 inference, where the host's per-op cost is what matters) launched
-// on the stream (ops/LaunchedOps.h): the results are allocated here in the
+// native_layer_norm on ember (fp32, or bf16 throughout): for small inputs
+// (token-at-a-time decoding, batch-1 inference, where the host's per-op
+// cost is what matters) launched on the stream (ops/LaunchedOps.h): the results are allocated here in the
 // shapes CPU gives them and the worker runs CPU's kernel, copying its
 // results in (CPU's layer-norm kernel has no out= form ember can reach; the
 // copy is a few KB at these sizes). Larger inputs, where the kernel's time
@@ -28,15 +28,20 @@ using OptT = const std::optional<at::Tensor>&;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Op = at::_ops::native_layer_norm;
 
-bool plain_float(const at::Tensor& t) {
-  return t.scalar_type() == at::kFloat && t.is_contiguous() && !t.is_conj() &&
+bool plain(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
          !t.is_neg();
 }
 
+// fp32, or bf16 throughout (CPU's statistics are then bf16 too, the
+// input's dtype, as the results allocated below are; a bf16 input with
+// fp32 parameters has fp32 statistics and stays synchronous).
 bool launchable(T input, OptT weight, OptT bias) {
-  return launch_async() && plain_float(input) && input.numel() > 0 &&
-         (!weight.has_value() || !weight->defined() || plain_float(*weight)) &&
-         (!bias.has_value() || !bias->defined() || plain_float(*bias));
+  const at::ScalarType dtype = input.scalar_type();
+  return launch_async() && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+         plain(input, dtype) && input.numel() > 0 &&
+         (!weight.has_value() || !weight->defined() || plain(*weight, dtype)) &&
+         (!bias.has_value() || !bias->defined() || plain(*bias, dtype));
 }
 
 Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
@@ -68,12 +73,15 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
       call.device(), unboxed::op_name<Op>().c_str(),
       [x, normalized = normalized.vec(), g, b, eps, out_cpu = cpu_alias(out),
        mean_cpu = cpu_alias(mean), rstd_cpu = cpu_alias(rstd)]() mutable {
-        const auto [y, mu, sigma] =
-            Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x,
-                           c10::fromIntArrayRefSlow(normalized), g, b, eps);
-        out_cpu.copy_(y);
-        mean_cpu.copy_(mu);
-        rstd_cpu.copy_(sigma);
+        // Rows are normalised one per thread: split-free.
+        run_split_free([&] {
+          const auto [y, mu, sigma] =
+              Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x,
+                             c10::fromIntArrayRefSlow(normalized), g, b, eps);
+          out_cpu.copy_(y);
+          mean_cpu.copy_(mu);
+          rstd_cpu.copy_(sigma);
+        });
       },
       out.numel());
   if (queued) count_launch(unboxed::op_name<Op>());

@@ -5,11 +5,10 @@
 // summation order follows its thread split.
 #pragma once
 
-// From torch's OpenMP runtime (libgomp, linked explicitly) and from the MKL
-// inside libtorch_cpu (exported).
+#include <omp.h>  // torch's OpenMP runtime (libgomp, linked explicitly)
+
+// From the MKL inside libtorch_cpu (exported).
 extern "C" {
-void omp_set_num_threads(int threads);
-int omp_get_max_threads();
 // MKL's C entry point (mkl_set_num_threads_local is a macro for it; the
 // lower-case symbols are the Fortran interface, which takes a pointer).
 int MKL_Set_Num_Threads_Local(int threads);

@@ -47,7 +47,7 @@ at::Tensor tanh(const at::Tensor& self) {
   const std::optional<at::MemoryFormat> layout = own_kernel_layout(self);
   if (!layout) {
     return unboxed::launched<at::_ops::tanh,
-                             unboxed::OutForm<at::_ops::tanh_out>,
+                             unboxed::SplitFreeOutForm<at::_ops::tanh_out>,
                              layouts::Tanh, const at::Tensor&>(self);
   }
   if (launch_async()) {

@@ -1,0 +1,102 @@
+"""The stream worker and OpenMP (ops/DeviceScope.h, run_split_free): ATen
+kernels whose bits do not depend on their thread split (elementwise ops,
+copies, cat, gathers, argmax, row-wise softmax and layer norm) run on the
+worker with a one-thread team, so the worker never gets a libgomp pool of
+its own beside the host thread's (two pools on the process's cores make
+libgomp throttle both). Also: bf16 decode's ops are launched, bitwise equal
+to running them at the call."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_ember
+from torch_ember import _C
+
+POOL_PROBE = """
+import os, torch, torch_ember
+from torch_ember import _C
+torch.set_num_threads(2)
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def queued(fn):
+    # a sleep ahead of it, so the op is queued (not run at the call)
+    stream = torch.ember.current_stream()
+    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.05)
+    out = fn()
+    torch.ember.synchronize()
+    return out
+
+x = torch.randn(400, 500, dtype=torch.bfloat16, device="ember")
+queued(lambda: x + 1)  # the worker exists, with whatever it starts
+base = threads()
+queued(lambda: torch.tanh(x))  # a VML op: a region above 2048 elements
+queued(lambda: x * 2.5)
+queued(lambda: torch.cat([x, x]))
+queued(lambda: x.float().contiguous())
+queued(lambda: torch.softmax(x.float(), -1))
+split_free = threads()
+queued(lambda: x.float().sum(0))  # a reduction keeps the worker's thread count
+reduction = threads()
+print(base, split_free, reduction)
+"""
+
+
+def test_split_free_kernels_open_no_openmp_pool_on_the_worker(run_python):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a one-thread device has no team either way")
+    result = run_python(POOL_PROBE, env={"EMBER_DEVICES": "1", "EMBER_ASYNC": "1"})
+    assert result.returncode == 0, result.stderr
+    base, split_free, reduction = map(int, result.stdout.split())
+    assert split_free == base, "a split-free kernel started OpenMP helpers on the worker"
+    # The probe sees pools: a reduction over 200 Ki values on the worker
+    # runs a two-thread region, whose helper is a new thread.
+    assert reduction > split_free
+
+
+BF16_OPS = [
+    (
+        "layer_norm",
+        lambda x, w: F.layer_norm(x, (x.shape[-1],), w[0], w[1]),
+        "aten::native_layer_norm",
+    ),
+    ("tanh", lambda x, w: torch.tanh(x), "aten::tanh"),
+    ("gelu_tanh", lambda x, w: F.gelu(x, approximate="tanh"), "aten::gelu"),
+    ("mul", lambda x, w: x * w[0], "aten::mul.Tensor"),
+    ("cat", lambda x, w: torch.cat([x, w[:1]], 0), "aten::cat"),
+]
+
+
+@pytest.mark.parametrize("name, fn, op", BF16_OPS, ids=[c[0] for c in BF16_OPS])
+def test_bf16_decode_ops_are_launched_and_equal_the_call(name, fn, op):
+    torch.manual_seed(0)
+    x = torch.randn(1, 3072, dtype=torch.bfloat16, device="ember")
+    w = torch.randn(2, 3072, dtype=torch.bfloat16, device="ember")
+    with torch.backends.ember.flags(async_execution=False):
+        expected = fn(x, w).cpu()
+    torch_ember.reset_launch_stats()
+    with torch.backends.ember.flags(async_execution=True):
+        stream = torch.ember.current_stream()
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+        out = fn(x, w)
+        torch.ember.synchronize()
+    stats = torch_ember.launch_stats().get(op, {})
+    assert stats.get("launched", 0) == 1 and stats.get("waited", 0) == 0, stats
+    assert out.dtype == torch.bfloat16 and out.stride() == expected.stride()
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_layer_norm_with_mixed_dtypes_stays_synchronous_and_correct():
+    """bf16 input with fp32 parameters: CPU's statistics are fp32 then, so
+    the launched form (statistics in the input's dtype) does not take it."""
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    w, b = torch.randn(64), torch.randn(64)
+    expected = torch.native_layer_norm(x, (64,), w, b, 1e-5)
+    with torch.backends.ember.flags(async_execution=True):
+        got = torch.native_layer_norm(x.to("ember"), (64,), w.to("ember"), b.to("ember"), 1e-5)
+    for g, e in zip(got, expected, strict=True):
+        assert g.dtype == e.dtype and torch.equal(g.cpu(), e)
