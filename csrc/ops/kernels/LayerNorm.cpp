@@ -1,11 +1,11 @@
 // native_layer_norm on ember (fp32, or bf16 throughout): for small inputs
 // (token-at-a-time decoding, batch-1 inference, where the host's per-op
-// cost is what matters) launched on the stream (ops/LaunchedOps.h): the results are allocated here in the
-// shapes CPU gives them and the worker runs CPU's kernel, copying its
-// results in (CPU's layer-norm kernel has no out= form ember can reach; the
-// copy is a few KB at these sizes). Larger inputs, where the kernel's time
-// dwarfs the host's, and anything unusual take the synchronous CPU
-// delegation, which writes in place.
+// cost is what matters) launched on the stream (ops/LaunchedOps.h): the results
+// are allocated here in the shapes CPU gives them and the worker runs CPU's
+// kernel, copying its results in (CPU's layer-norm kernel has no out= form
+// ember can reach; the copy is a few KB at these sizes). Larger inputs, where
+// the kernel's time dwarfs the host's, and anything unusual take the
+// synchronous CPU delegation, which writes in place.
 #include <ATen/core/Tensor.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/empty.h>
