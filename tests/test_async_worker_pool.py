@@ -1,7 +1,6 @@
 """The stream worker and OpenMP (ops/DeviceScope.h, run_split_free): ATen
-kernels whose bits do not depend on their thread split (elementwise ops,
-copies, cat, gathers, argmax, row-wise softmax and layer norm) run on the
-worker with a one-thread team, so the worker never gets a libgomp pool of
+kernels whose bits do not depend on their thread split (mul, div, relu,
+argmax, copies, cat, index_select, layer norm) run on the worker with a one-thread team, so the worker never gets a libgomp pool of
 its own beside the host thread's (two pools on the process's cores make
 libgomp throttle both). Also: bf16 decode's ops are launched, bitwise equal
 to running them at the call."""
@@ -32,13 +31,16 @@ def queued(fn):
     return out
 
 x = torch.randn(400, 500, dtype=torch.bfloat16, device="ember")
-queued(lambda: x + 1)  # the worker exists, with whatever it starts
+queued(lambda: x * 1)  # the worker exists, with whatever it starts
 base = threads()
-queued(lambda: torch.tanh(x))  # a VML op: a region above 2048 elements
-queued(lambda: x * 2.5)
+queued(lambda: x * 2.5)  # CPU's kernels, over 200 Ki values: regions
+queued(lambda: x / 3)
+queued(lambda: torch.relu(x))
+queued(lambda: x.argmax())
 queued(lambda: torch.cat([x, x]))
 queued(lambda: x.float().contiguous())
-queued(lambda: torch.softmax(x.float(), -1))
+queued(lambda: torch.nn.functional.layer_norm(x, (500,)))
+queued(lambda: x.index_select(0, torch.arange(300, device="ember")))
 split_free = threads()
 queued(lambda: x.float().sum(0))  # a reduction keeps the worker's thread count
 reduction = threads()

@@ -91,3 +91,44 @@ def test_tanh_route_is_ember_kernel(capfd):
     with be.verbose(1):
         torch.tanh(x)
     assert "ember/tanh" in capfd.readouterr().err
+
+
+def _round_to_bf16(x32):
+    """fp32 -> bf16 bits rounded to nearest even, as float64 (a reference)."""
+    return x32.bfloat16().double()
+
+
+def test_bf16_tanh_is_the_fp32_kernel_rounded_once(capfd):
+    """bf16 tanh runs ember's fp32 kernel on the exact fp32 values and rounds
+    once to the nearest bf16: bitwise the fp32 kernel's result rounded, and
+    within one bf16 rounding of float64 (CPU's bf16 kernel rounds the same
+    way from SLEEF's fp32 tanh)."""
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's vector kernels need AVX-512F")
+    x = torch.cat([torch.linspace(-12, 12, 100_003), torch.randn(20_000) * 1e-3])
+    x = x.bfloat16()
+    special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf")])
+    x = torch.cat([x, special.bfloat16()])
+    with be.verbose(1):
+        out = torch.tanh(x.to(DEVICE))
+    assert "ember/tanh" in capfd.readouterr().err
+    assert out.dtype == torch.bfloat16
+    fp32 = torch.tanh(x.float().to(DEVICE)).cpu()  # ember's fp32 kernel
+    assert torch.equal(out.cpu().view(torch.int16)[:-5], fp32.bfloat16().view(torch.int16)[:-5])
+    ref = torch.tanh(x.double())
+    err = (out.cpu().double() - ref).abs()[:-5]
+    assert (err <= 2.0**-8 * ref.abs()[:-5] + 1e-30).all()  # one bf16 rounding, + fp32's ulps
+    torch.testing.assert_close(out.cpu()[-5:], torch.tanh(special).bfloat16(), equal_nan=True)
+    assert torch.equal(out.cpu()[-5:].signbit(), torch.tanh(special).signbit())
+
+
+def test_bf16_tanh_launched_equals_the_call_and_parity_is_cpus():
+    x = torch.randn(3, 3072).bfloat16()
+    xe = x.to(DEVICE)
+    with be.flags(async_execution=False):
+        at_call = torch.tanh(xe).cpu()
+    with be.flags(async_execution=True):
+        launched = torch.tanh(xe).cpu()
+    assert torch.equal(at_call, launched)
+    with be.flags(cpu_parity=True):
+        assert torch.equal(torch.tanh(xe).cpu(), torch.tanh(x))

@@ -60,9 +60,12 @@ kept_t<T> keep(DelegationCall&, const T& value, bool&) {
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::DeviceIndex device);
 
 // The CPU kernel of an out= overload, as launched work runs it. kSplitFree:
-// its bits do not depend on its thread count (elementwise, argmax, row-wise
-// softmax), so a stream worker runs it on one thread (run_split_free); a
-// reduction whose sums follow the thread split leaves it false.
+// its bits do not depend on its thread count, so a stream worker runs it on
+// one thread (run_split_free). Only kernels whose vector and scalar loops
+// compute the same bits qualify (mul, div, relu, argmax): measured 1 vs 2
+// threads, CPU's fp32 tanh, tanh-GELU, add with alpha != 1 and softmax
+// over an inner dimension differ (a split moves elements between a
+// vector body and a scalar tail), and sums follow the split.
 template <class OutOp, bool SplitFree = false>
 struct OutForm {
   static constexpr bool kSplitFree = SplitFree;
@@ -118,8 +121,9 @@ at::Tensor launched(Args... args) {
             },
             kept);
       };
+      // Complex products take other formulas in vector and scalar loops.
       if constexpr (split_free<Kernel>()) {
-        run_split_free(run);
+        out_cpu.is_complex() ? run() : run_split_free(run);
       } else {
         run();
       }
@@ -243,7 +247,7 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
   return out;
 }
 
-// An elementwise op that writes into its first argument. `Meta::infer(self,
+// An op that writes into its first argument. `Meta::infer(self,
 // args...)` runs the op's in-place meta function on the alias of self (its
 // checks: shapes, dtype casting, overlap), raising what the CPU kernel would.
 template <class Op, class Meta, class... Args>
@@ -265,14 +269,12 @@ at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
     const bool queued = launch_on_device(
         call.device(), op_name<Op>().c_str(),
         [kept = std::move(kept), self_cpu]() mutable {
-          run_split_free([&] {  // the in-place elementwise ops (add_, mul_)
-            std::apply(
-                [&](const auto&... a) {
-                  Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                 self_cpu, use(a)...);
-                },
-                kept);
-          });
+          std::apply(
+              [&](const auto&... a) {
+                Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                               self_cpu, use(a)...);
+              },
+              kept);
         },
         self.numel());
     if (!queued) return self;

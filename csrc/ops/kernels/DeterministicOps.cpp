@@ -360,8 +360,7 @@ at::Tensor rows_along(const at::Tensor& x, int64_t dim) {
 
 at::Tensor softmax(T self, int64_t dim, bool half_to_float) {
   if (!flags::deterministic() || inner_size(self, dim) == 1) {
-    return unboxed::launched<ops::_softmax,
-                             unboxed::SplitFreeOutForm<ops::_softmax_out>,
+    return unboxed::launched<ops::_softmax, unboxed::OutForm<ops::_softmax_out>,
                              layouts::Softmax, T, int64_t, bool>(self, dim,
                                                                  half_to_float);
   }
@@ -396,8 +395,7 @@ at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
 
 at::Tensor gelu(T self, c10::string_view approximate) {
   if (!flags::deterministic() || approximate != "tanh") {
-    return unboxed::launched<ops::gelu,
-                             unboxed::SplitFreeOutForm<ops::gelu_out>,
+    return unboxed::launched<ops::gelu, unboxed::OutForm<ops::gelu_out>,
                              layouts::Gelu, T, c10::string_view>(self,
                                                                  approximate);
   }

@@ -55,21 +55,20 @@ at::Tensor pow_tensor_scalar(T self, S exponent) {
         op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return stack.back().toTensor();
   }
-  return unboxed::launched<
-      ops::pow_Tensor_Scalar,
-      unboxed::SplitFreeOutForm<ops::pow_Tensor_Scalar_out>,
-      kernels::layouts::PowScalar, T, S>(self, exponent);
+  return unboxed::launched<ops::pow_Tensor_Scalar,
+                           unboxed::OutForm<ops::pow_Tensor_Scalar_out>,
+                           kernels::layouts::PowScalar, T, S>(self, exponent);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
   m.impl("add.Tensor",
-         TORCH_FN((launched<ops::add_Tensor, SplitFreeOutForm<ops::add_out>,
-                            lay::Add, T, T, S>)));
+         TORCH_FN((launched<ops::add_Tensor, OutForm<ops::add_out>, lay::Add, T,
+                            T, S>)));
   m.impl("sub.Tensor",
-         TORCH_FN((launched<ops::sub_Tensor, SplitFreeOutForm<ops::sub_out>,
-                            lay::Sub, T, T, S>)));
+         TORCH_FN((launched<ops::sub_Tensor, OutForm<ops::sub_out>, lay::Sub, T,
+                            T, S>)));
   m.impl("mul.Tensor",
          TORCH_FN((launched<ops::mul_Tensor, SplitFreeOutForm<ops::mul_out>,
                             lay::Mul, T, T>)));
@@ -86,11 +85,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((launched_inplace<ops::mul__Tensor, lay::MulInplace, T>)));
   // Under determinism these two take a fixed-order path (DeterministicOps).
   m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
-  m.impl(
-      "_log_softmax",
-      TORCH_FN(
-          (launched<ops::_log_softmax, SplitFreeOutForm<ops::_log_softmax_out>,
-                    lay::LogSoftmax, T, int64_t, bool>)));
+  m.impl("_log_softmax",
+         TORCH_FN((launched<ops::_log_softmax, OutForm<ops::_log_softmax_out>,
+                            lay::LogSoftmax, T, int64_t, bool>)));
   m.impl("gelu", TORCH_FN(kernels::deterministic::gelu));
   m.impl("relu", TORCH_FN((launched<ops::relu, ReluKernel, lay::Relu, T>)));
   m.impl("tanh", TORCH_FN(kernels::tanh));

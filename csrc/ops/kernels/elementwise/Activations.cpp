@@ -20,13 +20,13 @@
 namespace ember::kernels {
 namespace {
 
-// The layout of a float32 tensor the kernel runs over as one flat array,
+// The layout of an fp32 or bf16 tensor the kernel runs over as one flat array,
 // in the layout CPU's TensorIterator gives the result (contiguous or
 // channels-last; other dense layouts and empty tensors, whose result strides
 // follow finer rules, stay with CPU's kernel).
 std::optional<at::MemoryFormat> flat_layout(const at::Tensor& t) {
-  if (t.scalar_type() != at::kFloat || t.numel() == 0 || t.is_conj() ||
-      t.is_neg()) {
+  if ((t.scalar_type() != at::kFloat && t.scalar_type() != at::kBFloat16) ||
+      t.numel() == 0 || t.is_conj() || t.is_neg()) {
     return std::nullopt;
   }
   if (t.is_contiguous()) return at::MemoryFormat::Contiguous;
@@ -41,13 +41,24 @@ std::optional<at::MemoryFormat> own_kernel_layout(const at::Tensor& self) {
   return flat_layout(self);
 }
 
+// ember's tanh over x's elements into `out` (same dtype, flat layouts).
+void tanh_into(const at::Tensor& x, const at::Tensor& out) {
+  if (x.scalar_type() == at::kBFloat16) {
+    tanh_bf16(static_cast<const uint16_t*>(x.const_data_ptr()),
+              static_cast<uint16_t*>(out.mutable_data_ptr()), x.numel());
+  } else {
+    tanh_f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
+             x.numel());
+  }
+}
+
 }  // namespace
 
 at::Tensor tanh(const at::Tensor& self) {
   const std::optional<at::MemoryFormat> layout = own_kernel_layout(self);
   if (!layout) {
     return unboxed::launched<at::_ops::tanh,
-                             unboxed::SplitFreeOutForm<at::_ops::tanh_out>,
+                             unboxed::OutForm<at::_ops::tanh_out>,
                              layouts::Tanh, const at::Tensor&>(self);
   }
   if (launch_async()) {
@@ -57,8 +68,7 @@ at::Tensor tanh(const at::Tensor& self) {
     const bool queued = launch_on_device(
         self.device().index(), name.c_str(),
         [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
-          tanh_f32(x.const_data_ptr<float>(), out_cpu.mutable_data_ptr<float>(),
-                   x.numel());
+          tanh_into(x, out_cpu);
         },
         out.numel());
     if (queued) count_launch(name);
@@ -68,8 +78,7 @@ at::Tensor tanh(const at::Tensor& self) {
       "aten::tanh",
       unboxed::replayable([format = *layout](const at::Tensor& x) {
         at::Tensor result = at::empty(x.sizes(), x.options(), format);
-        tanh_f32(x.const_data_ptr<float>(), result.mutable_data_ptr<float>(),
-                 x.numel());
+        tanh_into(x, result);
         return result;
       }),
       self);

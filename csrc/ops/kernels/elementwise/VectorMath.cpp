@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "ember/runtime/cpu_features.h"
@@ -91,6 +92,47 @@ __attribute__((target("avx512f"))) void tanh_chunk(const float* in, float* out,
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(out + i, tail,
                           tanh_ps(_mm512_maskz_loadu_ps(tail, in + i)));
+  }
+}
+
+// 16 bf16 values (raw bits) as fp32: exact.
+__attribute__((target("avx512f"))) inline __m512 widen_bf16(__m256i bits) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// 16 fp32 values to bf16 bits, rounded to nearest even; NaN -> 0x7fc0 (as
+// c10::BFloat16).
+__attribute__((target("avx512f"))) inline __m256i narrow_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd =
+      _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), odd),
+      16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  rounded = _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(rounded);
+}
+
+__attribute__((target("avx512f"))) void tanh_bf16_chunk(const uint16_t* in,
+                                                        uint16_t* out,
+                                                        int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i x =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
+                        narrow_bf16(tanh_ps(widen_bf16(x))));
+  }
+  if (i < n) {  // the tail through a zeroed block of 16
+    alignas(32) uint16_t block[16] = {};
+    std::copy(in + i, in + n, block);
+    const __m256i x =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(block),
+                       narrow_bf16(tanh_ps(widen_bf16(x))));
+    std::copy(block, block + (n - i), out + i);
   }
 }
 
@@ -229,6 +271,12 @@ bool vector_math_supported() {
 void tanh_f32(const float* in, float* out, int64_t n) {
   parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
     tanh_chunk(in + begin, out + begin, end - begin);
+  });
+}
+
+void tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
+    tanh_bf16_chunk(in + begin, out + begin, end - begin);
   });
 }
 

@@ -14,6 +14,9 @@ bool vector_math_supported();
 
 // out[i] = tanh(in[i]) for i < n; `in` and `out` may be the same array.
 void tanh_f32(const float* in, float* out, int64_t n);
+// The same over bf16 values (raw bits): computed in fp32 and rounded to the
+// nearest bf16 (ties to even), as CPU's bf16 kernels compute.
+void tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n);
 
 // Softmax pieces over one row of n floats (n >= 1):
 // the largest value (-inf for an all -inf row; NaN if any is NaN),
