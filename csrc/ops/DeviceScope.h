@@ -68,7 +68,7 @@ void match_thread_count(int threads);
 bool on_stream_worker();
 
 // Runs an ATen kernel whose bits do not depend on how many threads split
-// it (elementwise ops, copies, cat, gathers, argmax, row-wise softmax): on
+// it (mul, div, relu, argmax, layer norm, cat, index_select, copies): on
 // a stream worker with a one-thread OpenMP team (and MKL count), anywhere
 // else as it is. A worker that opens multi-thread regions gets a libgomp
 // pool of its own beside the host thread's; once the pools hold more
