@@ -34,9 +34,11 @@ bench-overhead: setup
 
 lint:
 	$(PY) -m ruff check torch_ember tests benchmarks
+	@command -v clang-format >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-format >/dev/null
 	clang-format --dry-run --Werror $$(git ls-files '*.cpp' '*.h')
 
 format:
+	@command -v clang-format >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-format >/dev/null
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 	$(PY) -m ruff format torch_ember tests benchmarks
 
