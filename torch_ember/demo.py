@@ -153,10 +153,18 @@ def _agreement(args: argparse.Namespace, ids: torch.Tensor) -> dict[str, tuple[b
         with torch.backends.ember.flags(cpu_parity=True):
             parity = _forward_logits(models[DEVICE], ids, mask, DEVICE)
         diff = (cpu - ember).abs().max().item()
+        parity_diff = (cpu - parity).abs().max().item()
         close = torch.allclose(ember, cpu, rtol=1e-4, atol=1e-4)
         agreement[attn] = (close, torch.equal(cpu, parity))
         rows.append(
-            [f"attn_implementation={attn}", tuple(cpu.shape), f"{diff:.3g}", *agreement[attn]]
+            [
+                f"attn_implementation={attn}",
+                tuple(cpu.shape),
+                f"{diff:.3g}",
+                agreement[attn][0],
+                f"{parity_diff:.3g}",
+                agreement[attn][1],
+            ]
         )
     print(
         _table(
@@ -165,6 +173,7 @@ def _agreement(args: argparse.Namespace, ids: torch.Tensor) -> dict[str, tuple[b
                 "logits shape",
                 "default: max abs diff",
                 "default: within fp32 rounding",
+                "cpu_parity: max abs diff",
                 "cpu_parity: bitwise identical",
             ],
             rows,
