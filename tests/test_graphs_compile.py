@@ -186,21 +186,78 @@ def test_inductor_reduce_overhead_runs_eagerly_when_a_written_input_moves():
         assert graphed.counters["captures"] == before["captures"]
 
 
-def test_inductor_reduce_overhead_in_training_runs_without_a_graph():
-    model = _mlp()
-    x = torch.randn(2, 32, device=DEV)
-    compiled = torch.compile(model, mode="reduce-overhead")
+def _dropout_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Dropout(0.5), torch.nn.Linear(64, 8)
+    ).to(DEV)
+
+
+def _train(mode, steps=8, batches=1):
+    """SGD steps of the dropout MLP compiled in ``mode``; each step takes
+    ``batches`` forwards before its backward. Losses and final parameters."""
+    model = _dropout_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, mode=mode)
+    torch.manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        loss = sum(compiled(torch.randn(4, 32, device=DEV)).square().mean() for _ in range(batches))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_inductor_reduce_overhead_replays_training_steps():
+    """A training step under reduce-overhead: AOTAutograd's forward and
+    backward are each captured on their third call and replayed after it.
+    Dropout draws new numbers on every replay, as the compiled code does
+    (the capture consumes them like a call), so losses and parameters are
+    the compiled code's, bit for bit."""
+    expected = _train(None)
+    torch._dynamo.reset()
     before = _counts()
-    with pytest.warns(UserWarning, match="inference only"):
-        out = compiled(x)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # said once
-        for _ in range(3):
-            out = compiled(x)
-    out.sum().backward()
-    assert model[0].weight.grad is not None
-    torch.testing.assert_close(out.detach().cpu(), model(x).detach().cpu())
-    assert graphed.counters["captures"] == before["captures"]
+    losses, params = _train("reduce-overhead")
+    assert graphed.counters["captures"] == before["captures"] + 2  # forward, backward
+    assert graphed.counters["replays"] == before["replays"] + 2 * (8 - 3)
+    assert graphed.counters["busy_outputs"] == before["busy_outputs"]
+    assert losses == expected[0]
+    assert all(torch.equal(p, q) for p, q in zip(params, expected[1]))
+    assert len(set(losses)) == len(losses)  # dropout differs per step
+
+
+def test_training_replay_keeps_the_outputs_autograd_still_needs():
+    """Two forwards before one backward: the second call would overwrite
+    the tensors the first one saved for backward, so it runs the compiled
+    code without the graph, and the gradients stay the compiled code's."""
+    expected = _train(None, steps=5, batches=2)
+    torch._dynamo.reset()
+    before = _counts()
+    losses, params = _train("reduce-overhead", steps=5, batches=2)
+    assert graphed.counters["busy_outputs"] > before["busy_outputs"]
+    assert graphed.counters["replays"] > before["replays"]  # the first forward, the backward
+    assert losses == expected[0]
+    assert all(torch.equal(p, q) for p, q in zip(params, expected[1]))
+
+
+def test_replay_hands_out_views_of_the_callers_input():
+    """An output that is an input the replay copies (a training forward
+    returns the input it saves) is the caller's tensor, not the static copy."""
+
+    def step(x):
+        return x * 2, x.t()
+
+    with torch.inference_mode():
+        compiled = torch.compile(step, mode="reduce-overhead")
+        before = _counts()
+        for i in range(5):
+            x = torch.full((2, 3), float(i), device=DEV)
+            doubled, view = compiled(x)
+            assert torch.equal(doubled.cpu(), torch.full((2, 3), 2.0 * i))
+            assert view.data_ptr() == x.data_ptr() and view.shape == (3, 2)
+        assert graphed.counters["replays"] == before["replays"] + 2
 
 
 def test_inductor_graph_policy_is_installed_without_cuda():

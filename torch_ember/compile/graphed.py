@@ -15,8 +15,10 @@ Per input shape signature it
 3. afterwards copies those inputs into the static copies and replays.
 
 Outputs are the graph's static outputs, overwritten by the next call of the
-same shapes (as with CUDA graphs: clone what you keep). Inference only: a
-graph compiled with grad enabled runs eagerly (a warning says so). A graph
+same shapes (as with CUDA graphs: clone what you keep). For the Dynamo
+graph, inference only: one called with grad enabled runs eagerly (a warning
+says so); Inductor's training graphs (its forward and backward, called below
+autograd) are replayed with ``keep_live_outputs``. A graph
 that cannot be captured (an op with no replayable form, a host read) runs
 eagerly from then on, with a warning naming the reason.
 """
@@ -28,7 +30,9 @@ from collections.abc import Callable
 
 import torch
 
-counters = {"captures": 0, "replays": 0, "eager_fallbacks": 0}
+# busy_outputs: calls run without their graph because a replay would have
+# overwritten outputs still in use (or could not hand out an input's view)
+counters = {"captures": 0, "replays": 0, "eager_fallbacks": 0, "busy_outputs": 0}
 
 
 def _signature(args) -> tuple | str:
@@ -49,17 +53,32 @@ def _signature(args) -> tuple | str:
     return tuple(key)
 
 
-def _views_of_moving_inputs(outputs, args, fixed: list[bool]) -> bool:
-    """Whether an output shares memory with an input a replay would copy."""
-    moving = {
-        a.untyped_storage().data_ptr()
-        for a, f in zip(args, fixed)
-        if isinstance(a, torch.Tensor) and not f
-    }
-    flat = outputs if isinstance(outputs, (list, tuple)) else [outputs]
-    return any(
-        isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in moving for o in flat
-    )
+def _flat(outputs) -> list:
+    return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+
+def _refs(tensor: torch.Tensor) -> tuple[int, int]:
+    """References to a tensor's memory: to its storage (other tensors on it)
+    and to the tensor itself (autograd's saved tensors, C++ holders)."""
+    return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata), tensor._use_count()
+
+
+class _InputView:
+    """An output that is a view of an input the replay copies (a training
+    forward returns the input it saves for backward): the replay hands out
+    the same view of the caller's input, as the compiled code would."""
+
+    def __init__(self, output: torch.Tensor, index: int, static: torch.Tensor):
+        self.index = index
+        self.size = output.size()
+        self.stride = output.stride()
+        self.offset = output.storage_offset() - static.storage_offset()
+        self.static_stride = static.stride()
+
+    def of(self, given: torch.Tensor) -> torch.Tensor | None:
+        if given.stride() != self.static_stride:
+            return None  # the view would not be the same elements
+        return given.as_strided(self.size, self.stride, given.storage_offset() + self.offset)
 
 
 class _Entry:
@@ -73,6 +92,10 @@ class _Entry:
         # data_ptr() of each static input at capture: a fixed input is the
         # caller's own tensor, whose memory `param.data = ...` can replace
         self.static_pointers: list[int | None] = []
+        # outputs that are views of copied inputs, by output position
+        self.input_views: dict[int, _InputView] = {}
+        # storage references of each graph-owned output right after capture
+        self.output_refs: list[tuple[int, int] | None] = []
 
 
 class GraphedModule:
@@ -86,6 +109,11 @@ class GraphedModule:
     ``written_inputs``, the positions of inputs the graph writes in place: a
     replay could only write its static copy of such an input, so one whose
     memory differs from call to call keeps the graph from being captured.
+
+    With ``keep_live_outputs`` (training graphs: autograd keeps a forward's
+    outputs for the backward), a replay never overwrites outputs of the
+    last one that are still referenced (a second forward before the first
+    one's backward): that call runs the code without the graph.
     """
 
     WARMUP = 2
@@ -97,6 +125,7 @@ class GraphedModule:
         written_inputs: frozenset[int] = frozenset(),
         static_inputs: frozenset[int] | None = None,
         label: str = "torch.compile(backend='ember', graphs)",
+        keep_live_outputs: bool = False,
     ):
         self.gm = gm
         self.entries: dict[tuple, _Entry] = {}
@@ -104,6 +133,9 @@ class GraphedModule:
         self.written_inputs = written_inputs
         self.static_inputs = static_inputs
         self.label = label
+        self.keep_live_outputs = keep_live_outputs
+        self.moved: set[int] = set()  # fixed inputs found at other memory once
+        self.unsteady: set[int] = set()  # ... and twice: never fixed again
 
     def _give_up(self, reason: str) -> None:
         if self.eager_reason is None:
@@ -135,16 +167,21 @@ class GraphedModule:
         if self.static_inputs is not None:
             keep = self.static_inputs | self.written_inputs
             entry.fixed = [f and i in keep for i, f in enumerate(entry.fixed)]
+        entry.fixed = [f and i not in self.unsteady for i, f in enumerate(entry.fixed)]
+        if self.keep_live_outputs:
+            # Training: only parameters (and inputs written in place) are read
+            # where they are. Saved activations are copied, so no graph holds
+            # another graph's outputs (a hold would read as a use of them).
+            entry.fixed = [
+                f and (i in self.written_inputs or getattr(a, "requires_grad", False))
+                for i, (f, a) in enumerate(zip(entry.fixed, args))
+            ]
         entry.pointers = pointers
         entry.calls += 1
         if entry.calls < self.WARMUP:
             return self.gm(*args)
         if entry.calls == self.WARMUP:
-            outputs = self.gm(*args)
-            if _views_of_moving_inputs(outputs, args, entry.fixed):
-                # a replay would hand out a view of its static copy, not of the caller's input
-                self._give_up("an output is a view of an input")
-            return outputs
+            return self.gm(*args)
         return self._capture(entry, args)
 
     def _capture(self, entry: _Entry, args):
@@ -166,33 +203,103 @@ class GraphedModule:
         try:
             with torch.ember.device(device), torch.ember.graph(graph):
                 outputs = self.gm(*entry.static)
+                drawn = torch.ember.get_rng_state(device)
         except RuntimeError as e:
             if "captur" not in str(e):
                 raise
             return self._eager(str(e).splitlines()[0], args)
+        # The capture's outputs are this call's result, so its random numbers
+        # are consumed as an eager call's (a graph's capture gives them back).
+        torch.ember.set_rng_state(drawn, device)
         counters["captures"] += 1
         entry.graph, entry.outputs = graph, outputs
         entry.static_pointers = [
             s.data_ptr() if isinstance(s, torch.Tensor) else None for s in entry.static
         ]
-        return outputs
+        entry.input_views = self._input_views(entry, outputs)
+        # Outputs in the graph's own memory: not views of inputs (a training
+        # forward returns the parameters and inputs it saves for backward).
+        inputs = {
+            s.untyped_storage().data_ptr() for s in entry.static if isinstance(s, torch.Tensor)
+        }
+        entry.output_refs = [
+            _refs(o)
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs
+            else None
+            for o in _flat(outputs)
+        ]
+        # The caller's fixed inputs are not held: a training forward's outputs
+        # are the backward's fixed inputs, and a reference here would read as
+        # a use of them.
+        entry.static = [s if not fixed else None for s, fixed in zip(entry.static, entry.fixed)]
+        return self._outputs(entry, args)
+
+    @staticmethod
+    def _input_views(entry: _Entry, outputs) -> dict[int, _InputView]:
+        copied = {
+            s.untyped_storage().data_ptr(): i
+            for i, (s, fixed) in enumerate(zip(entry.static, entry.fixed))
+            if isinstance(s, torch.Tensor) and not fixed
+        }
+        views = {}
+        for j, o in enumerate(_flat(outputs)):
+            if isinstance(o, torch.Tensor):
+                i = copied.get(o.untyped_storage().data_ptr())
+                if i is not None:
+                    views[j] = _InputView(o, i, entry.static[i])
+        return views
+
+    @staticmethod
+    def _outputs(entry: _Entry, args):
+        """The replay's outputs: the graph's, with views of copied inputs
+        taken of the caller's inputs instead; None where one cannot be."""
+        if not entry.input_views:
+            return entry.outputs
+        flat = _flat(entry.outputs)
+        for j, view in entry.input_views.items():
+            flat[j] = view.of(args[view.index])
+            if flat[j] is None:
+                return None
+        if isinstance(entry.outputs, (list, tuple)):
+            return type(entry.outputs)(flat)
+        return flat[0]
+
+    @staticmethod
+    def _outputs_in_use(entry: _Entry) -> bool:
+        return any(
+            refs is not None and any(now > then for now, then in zip(_refs(o), refs))
+            for o, refs in zip(_flat(entry.outputs), entry.output_refs)
+        )
 
     def _replay(self, entry: _Entry, args, signature: tuple):
-        for static, pointer, given, fixed in zip(
-            entry.static, entry.static_pointers, args, entry.fixed
+        for i, (static, pointer, given, fixed) in enumerate(
+            zip(entry.static, entry.static_pointers, args, entry.fixed)
         ):
             if not isinstance(given, torch.Tensor) or given.data_ptr() == pointer:
                 continue
             if fixed:
                 # A fixed input (a parameter) has other memory than at capture
                 # (`param.data = ...`, a new tensor): capture again, as CUDA
-                # graph trees re-record when a static input moves.
+                # graph trees re-record when a static input moves. One that
+                # moves a second time only had the same memory by chance (a
+                # tensor a backward saved, freed and allocated again in the
+                # same block): it is copied from then on.
+                if i in self.moved:
+                    self.unsteady.add(i)
+                self.moved.add(i)
                 self.entries.pop(signature, None)
                 return self(*args)
             static.copy_(given)
+        if self.keep_live_outputs and self._outputs_in_use(entry):
+            counters["busy_outputs"] += 1
+            return self.gm(*args)
         entry.graph.replay()
+        outputs = self._outputs(entry, args)
+        if outputs is None:  # an input laid out unlike at capture
+            counters["busy_outputs"] += 1
+            return self.gm(*args)
         counters["replays"] += 1
-        return entry.outputs
+        return outputs
 
 
 def graphed(gm: Callable) -> Callable:

@@ -18,8 +18,12 @@ graph and lets it wrap the result. ember's policy:
   where they are, and copies the other inputs into its static copies, as
   CUDA graph trees do. Outputs are overwritten by the next call, as with
   CUDA graphs;
-- a training graph (forward or backward) on ember runs without a graph, and
-  a warning says so once.
+- a training graph (AOTAutograd's forward or backward) on ember: the same,
+  except that a replay never overwrites outputs of the previous one that are
+  still referenced (autograd keeps a forward's saved tensors until its
+  backward has run; a second forward before the first one's backward runs
+  the compiled code without the graph). Gradients reach ``.grad`` as copies
+  (``AccumulateGrad`` does not take a tensor the graph still holds).
 
 Installed by ``register_inductor_backend`` unless CUDA is available: with
 Inductor's graph partitions on, any policy changes how CUDA graphs are cut,
@@ -28,8 +32,6 @@ warning instead).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch._inductor.cudagraph_utils import CUDAGraphPolicy
@@ -54,12 +56,15 @@ class _BoxedGraph:
     """Inductor's boxed calling convention (one list, cleared by the callee)
     over a :class:`GraphedModule` of the compiled callable."""
 
-    def __init__(self, compiled_callable, written_inputs: frozenset[int], static_inputs):
+    def __init__(
+        self, compiled_callable, written_inputs: frozenset[int], static_inputs, training: bool
+    ):
         self.graphed = GraphedModule(
             lambda *args: compiled_callable(list(args)),
             written_inputs=written_inputs,
             static_inputs=static_inputs,
             label=LABEL,
+            keep_live_outputs=training,
         )
 
     def __call__(self, args: list):
@@ -70,11 +75,10 @@ class _BoxedGraph:
 
 
 class EmberGraphPolicy(CUDAGraphPolicy):
-    """Replays ember's inference graphs compiled for ``reduce-overhead``."""
+    """Replays ember's graphs compiled for ``reduce-overhead``."""
 
     def __init__(self, previous: CUDAGraphPolicy | None = None):
         self.previous = previous or CUDAGraphPolicy()
-        self.warned_training = False
 
     def cudagraphify(self, model, example_inputs, static_input_idxs, **kwargs):
         return self.previous.cudagraphify(model, example_inputs, static_input_idxs, **kwargs)
@@ -92,27 +96,13 @@ class EmberGraphPolicy(CUDAGraphPolicy):
             and _graphs_requested()
         ):
             return output_code
-        if not output_code.fx_kwargs.get("is_inference", False):
-            self._warn_training()
-            return output_code
         output_code.current_callable = _BoxedGraph(
             output_code.current_callable,
             frozenset(output_code.mutated_input_idxs),
             frozenset(output_code.fx_kwargs.get("static_input_idxs") or ()),
+            training=not output_code.fx_kwargs.get("is_inference", False),
         )
         return output_code
-
-    def _warn_training(self) -> None:
-        if self.warned_training:
-            return
-        self.warned_training = True
-        warnings.warn(
-            f"{LABEL}: graphs are captured for inference only (no_grad or "
-            "inference_mode); this graph was compiled for training and runs "
-            "without one.",
-            UserWarning,
-            stacklevel=2,
-        )
 
 
 def install() -> bool:
