@@ -100,6 +100,10 @@ def test_results_have_the_layout_of_synchronous_execution():
             lambda x, y: F.layer_norm(x, (x.shape[-1],), y[0], y[1]),
         ),
         ("native_layer_norm", lambda x, y: torch.native_layer_norm(x, (8,), None, None, 1e-5)),
+        (
+            "native_layer_norm_2d",  # rows of 32 over two normalized dims, weight only
+            lambda x, y: torch.native_layer_norm(x.view(2, 4, 8), (4, 8), y[:4], None, 1e-3),
+        ),
         ("cat", lambda x, y: torch.cat([x, y, x], 0)),
         ("index_select", lambda x, y: x.index_select(1, torch.tensor([3, 0, 3], device=x.device))),
         ("embedding", lambda x, y: F.embedding(torch.tensor([[1, 2], [0, 1]], device=x.device), x)),

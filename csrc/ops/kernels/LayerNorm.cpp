@@ -1,18 +1,23 @@
-// native_layer_norm on ember (fp32, or bf16 throughout): for small inputs
-// (token-at-a-time decoding, batch-1 inference, where the host's per-op
-// cost is what matters) launched on the stream (ops/LaunchedOps.h): the results
-// are allocated here in the shapes CPU gives them and the worker runs CPU's
-// kernel, copying its results in (CPU's layer-norm kernel has no out= form
-// ember can reach; the copy is a few KB at these sizes). Larger inputs, where
-// the kernel's time dwarfs the host's, and anything unusual take the
-// synchronous CPU delegation, which writes in place.
+// native_layer_norm on ember (fp32, or bf16 throughout): launched on the
+// stream (ops/LaunchedOps.h). The results are allocated here in the shapes
+// CPU gives them and the worker runs the kernel CPU's native_layer_norm
+// runs (ATen's LayerNormKernel stub) straight into them. Anything unusual
+// takes the synchronous CPU delegation.
+// DispatchStub.h declares the per-ISA kernel pointers of a stub (exported by
+// libtorch_cpu) only under these, which ATen's own build defines.
+#define HAVE_AVX512_CPU_DEFINITION
+#define HAVE_AVX2_CPU_DEFINITION
+#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <c10/util/DimVector.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <string>
 #include <tuple>
 
 #include "ops/CpuAlias.h"
@@ -27,6 +32,24 @@ using T = const at::Tensor&;
 using OptT = const std::optional<at::Tensor>&;
 using Result = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using Op = at::_ops::native_layer_norm;
+
+// The kernel CPU's native_layer_norm runs: ATen's LayerNormKernel stub for
+// this CPU's capability, chosen as the stub chooses (its own dispatch entry
+// point is not exported).
+at::native::forward_fn cpu_layer_norm_kernel() {
+  using Stub = at::native::DispatchStub<
+      at::native::forward_fn, at::native::LayerNormKernel_DECLARE_DISPATCH_type>;
+  static const at::native::forward_fn kernel = [] {
+    const std::string capability = at::get_cpu_capability();
+    if (capability == "AVX512" && Stub::AVX512 != nullptr) return Stub::AVX512;
+    if ((capability == "AVX512" || capability == "AVX2") &&
+        Stub::AVX2 != nullptr) {
+      return Stub::AVX2;
+    }
+    return Stub::DEFAULT;
+  }();
+  return kernel;
+}
 
 bool plain(const at::Tensor& t, at::ScalarType dtype) {
   return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
@@ -69,18 +92,21 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
   at::Tensor out = at::empty(input.sizes(), input.options());
   at::Tensor mean = at::empty(stat_shape, input.options());
   at::Tensor rstd = at::empty(stat_shape, input.options());
+  const int64_t rows = c10::multiply_integers(input.sizes().begin(),
+                                              input.sizes().begin() + axis);
+  const int64_t row_size = input.numel() / std::max<int64_t>(rows, 1);
   const bool queued = launch_on_device(
       call.device(), unboxed::op_name<Op>().c_str(),
-      [x, normalized = normalized.vec(), g, b, eps, out_cpu = cpu_alias(out),
+      [x, g, b, eps, rows, row_size, out_cpu = cpu_alias(out),
        mean_cpu = cpu_alias(mean), rstd_cpu = cpu_alias(rstd)]() mutable {
-        // Rows are normalised one per thread: split-free.
+        // CPU's kernel (the one native_layer_norm calls) writing into the
+        // results: no allocation or copy on the worker. Rows are
+        // normalised one per thread: split-free.
         run_split_free([&] {
-          const auto [y, mu, sigma] =
-              Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), x,
-                             c10::fromIntArrayRefSlow(normalized), g, b, eps);
-          out_cpu.copy_(y);
-          mean_cpu.copy_(mu);
-          rstd_cpu.copy_(sigma);
+          if (rows > 0) {
+            cpu_layer_norm_kernel()(x, g, b, rows, row_size, eps, &out_cpu,
+                                    &mean_cpu, &rstd_cpu);
+          }
         });
       },
       out.numel());
