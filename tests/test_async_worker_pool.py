@@ -102,3 +102,23 @@ def test_layer_norm_with_mixed_dtypes_stays_synchronous_and_correct():
         got = torch.native_layer_norm(x.to("ember"), (64,), w.to("ember"), b.to("ember"), 1e-5)
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == e.dtype and torch.equal(g.cpu(), e)
+
+
+@pytest.mark.parametrize("queued", [True, False], ids=["on_the_worker", "at_the_call"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_cache_cat_copies_rows_on_the_devices_threads_exactly(queued, dtype):
+    """A decode step's KV-cache cat (contiguous inputs, rows of ~38 KB) is
+    copied row block by row block, split between the device's threads
+    (cat_rows, JoinAndSelect.cpp): CPU's result, byte for byte."""
+    torch.manual_seed(0)
+    cache = torch.randn(1, 12, 150, 64).to(dtype)
+    step = torch.randn(1, 12, 1, 64).to(dtype)
+    other = torch.randn(1, 12, 3, 64).to(dtype)
+    expected = torch.cat([cache, step, other], -2)
+    with torch.backends.ember.flags(async_execution=True):
+        inputs = [t.to("ember") for t in (cache, step, other)]
+        if queued:  # a sleep ahead of it: queued, not run at the call
+            stream = torch.ember.current_stream()
+            _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+        got = torch.cat(inputs, -2)
+        assert torch.equal(got.cpu(), expected)

@@ -2,9 +2,11 @@
 // the result's layout comes from CPU's own rules (cat's structured meta
 // function; index_select's contiguous result of the input's shape with the
 // selected dimension resized), and the worker runs CPU's out= kernel into
-// it. Anything else (host tensors among the inputs, async execution off, a
-// meta check that fails) takes the synchronous CPU delegation, which
-// raises CPU's errors.
+// it (a cat of contiguous inputs of the result's dtype: row copies split
+// over the device's threads, cat_rows). Anything else (host tensors among the
+// inputs, async execution off, a meta check that fails) takes the synchronous
+// CPU delegation, which raises CPU's errors.
+#include <ATen/Parallel.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat_meta_dispatch.h>
@@ -12,10 +14,14 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/index_select_ops.h>
 #include <c10/util/DimVector.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
+#include "ember/runtime/chunk_team.h"
 #include "ops/CpuAlias.h"
 #include "ops/DelegationCall.h"
 #include "ops/LaunchedOps.h"
@@ -25,6 +31,61 @@ namespace ember::kernels {
 namespace {
 
 constexpr c10::DispatchKeySet kCpu{c10::DispatchKey::CPU};
+
+bool plain_dense(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
+         !t.is_neg();
+}
+
+// cat of contiguous inputs into a contiguous result of their dtype, as
+// copies of whole rows: each input contributes one block of bytes per index
+// of the dimensions before `dim`. Rows are split between the launching
+// thread count's threads by runtime::run_chunks (no OpenMP team on a stream
+// worker, runtime/chunk_team.h); a byte copy is the same whoever runs it.
+// False, having done nothing, for any other call.
+bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
+              const at::Tensor& out) {
+  const at::ScalarType dtype = out.scalar_type();
+  if (!plain_dense(out, dtype) || out.numel() == 0) return false;
+  const int64_t d = at::maybe_wrap_dim(dim, out.dim());
+  const int64_t outer =
+      c10::multiply_integers(out.sizes().begin(), out.sizes().begin() + d);
+  const int64_t row_bytes = out.nbytes() / outer;
+  struct Block {
+    const char* src;
+    int64_t offset;  // in a result row
+    int64_t bytes;   // per row
+  };
+  std::vector<Block> blocks;
+  int64_t offset = 0;
+  for (const at::Tensor& t : inputs) {
+    if (!plain_dense(t, dtype)) return false;
+    if (t.numel() == 0) continue;  // includes legacy 1-D empties
+    const int64_t bytes = static_cast<int64_t>(t.nbytes()) / outer;
+    blocks.push_back(
+        {static_cast<const char*>(t.const_data_ptr()), offset, bytes});
+    offset += bytes;
+  }
+  if (offset != row_bytes) return false;
+  char* dst = static_cast<char*>(out.mutable_data_ptr());
+  // Chunks of about 64 KiB of rows; below two chunks, one thread.
+  constexpr int64_t kChunkBytes = 64 * 1024;
+  const int64_t rows_per_chunk =
+      std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+  const int64_t chunks = (outer + rows_per_chunk - 1) / rows_per_chunk;
+  const int threads = static_cast<int>(
+      std::min<int64_t>(chunks, std::max(1, at::get_num_threads())));
+  runtime::run_chunks(chunks, threads, [&](int64_t chunk) {
+    const int64_t end = std::min(outer, (chunk + 1) * rows_per_chunk);
+    for (int64_t row = chunk * rows_per_chunk; row < end; ++row) {
+      for (const Block& b : blocks) {
+        std::memcpy(dst + row * row_bytes + b.offset, b.src + row * b.bytes,
+                    static_cast<size_t>(b.bytes));
+      }
+    }
+  });
+  return true;
+}
 
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   using Op = at::_ops::cat;
@@ -56,6 +117,7 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
             call.device(), unboxed::op_name<Op>().c_str(),
             [inputs = std::move(inputs), dim,
              out_cpu = cpu_alias(out)]() mutable {
+              if (cat_rows(inputs, dim, out_cpu)) return;
               run_split_free([&] {
                 at::_ops::cat_out::redispatch(
                     kCpu, c10::ArrayRef<at::Tensor>(inputs), dim, out_cpu);

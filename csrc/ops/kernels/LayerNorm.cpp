@@ -38,7 +38,8 @@ using Op = at::_ops::native_layer_norm;
 // point is not exported).
 at::native::forward_fn cpu_layer_norm_kernel() {
   using Stub = at::native::DispatchStub<
-      at::native::forward_fn, at::native::LayerNormKernel_DECLARE_DISPATCH_type>;
+      at::native::forward_fn,
+      at::native::LayerNormKernel_DECLARE_DISPATCH_type>;
   static const at::native::forward_fn kernel = [] {
     const std::string capability = at::get_cpu_capability();
     if (capability == "AVX512" && Stub::AVX512 != nullptr) return Stub::AVX512;
