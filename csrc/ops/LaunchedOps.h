@@ -56,6 +56,13 @@ kept_t<T> keep(DelegationCall&, const T& value, bool&) {
   return own(value);
 }
 
+// Contiguous memory of `dtype` with no lazy conj/neg bit: what a kernel
+// that reads raw memory (ember's own, an ATen stub) can take as it is.
+inline bool plain_contiguous(const at::Tensor& t, at::ScalarType dtype) {
+  return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
+         !t.is_neg();
+}
+
 // A fresh ember tensor laid out as `meta` (the meta function's result).
 at::Tensor empty_like_meta(const at::Tensor& meta, c10::DeviceIndex device);
 

@@ -134,8 +134,6 @@ class GraphedModule:
         self.static_inputs = static_inputs
         self.label = label
         self.keep_live_outputs = keep_live_outputs
-        self.moved: set[int] = set()  # fixed inputs found at other memory once
-        self.unsteady: set[int] = set()  # ... and twice: never fixed again
 
     def _give_up(self, reason: str) -> None:
         if self.eager_reason is None:
@@ -167,7 +165,6 @@ class GraphedModule:
         if self.static_inputs is not None:
             keep = self.static_inputs | self.written_inputs
             entry.fixed = [f and i in keep for i, f in enumerate(entry.fixed)]
-        entry.fixed = [f and i not in self.unsteady for i, f in enumerate(entry.fixed)]
         if self.keep_live_outputs:
             # Training: only parameters (and inputs written in place) are read
             # where they are. Saved activations are copied, so no graph holds
@@ -272,21 +269,15 @@ class GraphedModule:
         )
 
     def _replay(self, entry: _Entry, args, signature: tuple):
-        for i, (static, pointer, given, fixed) in enumerate(
-            zip(entry.static, entry.static_pointers, args, entry.fixed)
+        for static, pointer, given, fixed in zip(
+            entry.static, entry.static_pointers, args, entry.fixed
         ):
             if not isinstance(given, torch.Tensor) or given.data_ptr() == pointer:
                 continue
             if fixed:
                 # A fixed input (a parameter) has other memory than at capture
                 # (`param.data = ...`, a new tensor): capture again, as CUDA
-                # graph trees re-record when a static input moves. One that
-                # moves a second time only had the same memory by chance (a
-                # tensor a backward saved, freed and allocated again in the
-                # same block): it is copied from then on.
-                if i in self.moved:
-                    self.unsteady.add(i)
-                self.moved.add(i)
+                # graph trees re-record when a static input moves.
                 self.entries.pop(signature, None)
                 return self(*args)
             static.copy_(given)

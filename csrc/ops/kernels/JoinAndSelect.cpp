@@ -32,11 +32,6 @@ namespace {
 
 constexpr c10::DispatchKeySet kCpu{c10::DispatchKey::CPU};
 
-bool plain_dense(const at::Tensor& t, at::ScalarType dtype) {
-  return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
-         !t.is_neg();
-}
-
 // cat of contiguous inputs into a contiguous result of their dtype, as
 // copies of whole rows: each input contributes one block of bytes per index
 // of the dimensions before `dim`. Rows are split between the launching
@@ -46,7 +41,7 @@ bool plain_dense(const at::Tensor& t, at::ScalarType dtype) {
 bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
               const at::Tensor& out) {
   const at::ScalarType dtype = out.scalar_type();
-  if (!plain_dense(out, dtype) || out.numel() == 0) return false;
+  if (!unboxed::plain_contiguous(out, dtype) || out.numel() == 0) return false;
   const int64_t d = at::maybe_wrap_dim(dim, out.dim());
   const int64_t outer =
       c10::multiply_integers(out.sizes().begin(), out.sizes().begin() + d);
@@ -59,7 +54,7 @@ bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
   std::vector<Block> blocks;
   int64_t offset = 0;
   for (const at::Tensor& t : inputs) {
-    if (!plain_dense(t, dtype)) return false;
+    if (!unboxed::plain_contiguous(t, dtype)) return false;
     if (t.numel() == 0) continue;  // includes legacy 1-D empties
     const int64_t bytes = static_cast<int64_t>(t.nbytes()) / outer;
     blocks.push_back(
@@ -70,8 +65,7 @@ bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
   char* dst = static_cast<char*>(out.mutable_data_ptr());
   // Chunks of about 64 KiB of rows; below two chunks, one thread.
   constexpr int64_t kChunkBytes = 64 * 1024;
-  const int64_t rows_per_chunk =
-      std::max<int64_t>(1, kChunkBytes / std::max<int64_t>(row_bytes, 1));
+  const int64_t rows_per_chunk = std::max<int64_t>(1, kChunkBytes / row_bytes);
   const int64_t chunks = (outer + rows_per_chunk - 1) / rows_per_chunk;
   const int threads = static_cast<int>(
       std::min<int64_t>(chunks, std::max(1, at::get_num_threads())));

@@ -16,7 +16,6 @@
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <string>
 #include <tuple>
 
@@ -52,20 +51,17 @@ at::native::forward_fn cpu_layer_norm_kernel() {
   return kernel;
 }
 
-bool plain(const at::Tensor& t, at::ScalarType dtype) {
-  return t.scalar_type() == dtype && t.is_contiguous() && !t.is_conj() &&
-         !t.is_neg();
-}
-
 // fp32, or bf16 throughout (CPU's statistics are then bf16 too, the
 // input's dtype, as the results allocated below are; a bf16 input with
 // fp32 parameters has fp32 statistics and stays synchronous).
 bool launchable(T input, OptT weight, OptT bias) {
   const at::ScalarType dtype = input.scalar_type();
   return launch_async() && (dtype == at::kFloat || dtype == at::kBFloat16) &&
-         plain(input, dtype) && input.numel() > 0 &&
-         (!weight.has_value() || !weight->defined() || plain(*weight, dtype)) &&
-         (!bias.has_value() || !bias->defined() || plain(*bias, dtype));
+         unboxed::plain_contiguous(input, dtype) && input.numel() > 0 &&
+         (!weight.has_value() || !weight->defined() ||
+          unboxed::plain_contiguous(*weight, dtype)) &&
+         (!bias.has_value() || !bias->defined() ||
+          unboxed::plain_contiguous(*bias, dtype));
 }
 
 Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
@@ -95,7 +91,7 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
   at::Tensor rstd = at::empty(stat_shape, input.options());
   const int64_t rows = c10::multiply_integers(input.sizes().begin(),
                                               input.sizes().begin() + axis);
-  const int64_t row_size = input.numel() / std::max<int64_t>(rows, 1);
+  const int64_t row_size = input.numel() / rows;  // launchable: not empty
   const bool queued = launch_on_device(
       call.device(), unboxed::op_name<Op>().c_str(),
       [x, g, b, eps, rows, row_size, out_cpu = cpu_alias(out),
@@ -104,10 +100,8 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
         // results: no allocation or copy on the worker. Rows are
         // normalised one per thread: split-free.
         run_split_free([&] {
-          if (rows > 0) {
-            cpu_layer_norm_kernel()(x, g, b, rows, row_size, eps, &out_cpu,
-                                    &mean_cpu, &rstd_cpu);
-          }
+          cpu_layer_norm_kernel()(x, g, b, rows, row_size, eps, &out_cpu,
+                                  &mean_cpu, &rstd_cpu);
         });
       },
       out.numel());
