@@ -18,6 +18,10 @@ import torch.nn.functional as F
 import torch_ember
 from torch_ember import _C
 
+# The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
+# MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
+PACKED_GEMM_UNIT = f"aten::addmm ({torch.backends.ember.packed_weights_info()['library']})"
+
 SLEEP = 0.3
 
 
@@ -146,15 +150,15 @@ def _fresh(t):
     return t * 1
 
 
-# GEMMs of more than 16 rows (oneDNN, on a packed weight or not) and
+# GEMMs of more than 16 rows (MKL or oneDNN, on a packed weight or not) and
 # convolutions (ember's channel GEMM, oneDNN on a packed weight): launched
 # into a result allocated at the call. name -> (fn(x, w, b), launched unit).
 _GEMM_AND_CONV_CASES = {
-    "linear_packed": (lambda x, w, b: F.linear(x, w, b), "aten::addmm (onednn)"),
-    "linear_packed_no_bias": (lambda x, w, b: F.linear(x, w), "aten::addmm (onednn)"),
+    "linear_packed": (lambda x, w, b: F.linear(x, w, b), PACKED_GEMM_UNIT),
+    "linear_packed_no_bias": (lambda x, w, b: F.linear(x, w), PACKED_GEMM_UNIT),
     "linear_packed_out": (
         lambda x, w, b: torch.addmm(b, x, w.t(), out=torch.empty(40, 32, device=x.device)),
-        "aten::addmm (onednn)",
+        PACKED_GEMM_UNIT,
     ),
     "linear_skinny_out": (
         lambda x, w, b: torch.mm(x[:3], w.t(), out=torch.empty(3, 32, device=x.device)),

@@ -11,6 +11,10 @@ from test_async_execution import _async_on, _launched, _sleep  # noqa: F401 (aut
 
 import torch_ember
 
+# The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
+# MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
+PACKED_GEMM_UNIT = f"aten::addmm ({torch.backends.ember.packed_weights_info()['library']})"
+
 # A launched op whose result has at least this many elements runs at the
 # call when its stream has nothing queued (EMBER_ASYNC_INLINE_NUMEL).
 INLINE_NUMEL = 1 << 16
@@ -20,7 +24,7 @@ INLINE_NUMEL = 1 << 16
     "name, fn, unit",
     [
         ("mul", lambda x, w: x * 2, "aten::mul.Tensor"),
-        ("linear", lambda x, w: F.linear(x, w), "aten::addmm (onednn)"),
+        ("linear", lambda x, w: F.linear(x, w), PACKED_GEMM_UNIT),
         ("layer_norm", lambda x, w: F.layer_norm(x, (x.shape[-1],)), "aten::native_layer_norm"),
     ],
 )

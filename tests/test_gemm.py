@@ -1,5 +1,5 @@
 """ember's default GEMM route: packed weights, the skinny (decode) kernel,
-oneDNN's packed matmul, and the CPU-parity switch.
+MKL's (Intel CPUs) or oneDNN's packed GEMM, and the CPU-parity switch.
 
 Results are checked against float64 references with the classic GEMM error
 bound (|error| <= K * eps * (|A| @ |B|) elementwise), and against CPU's own
@@ -39,6 +39,10 @@ def _check_fp32(out, a, b, bias=None):
 
 def _packs():
     return be.packed_weights_info()
+
+
+# The route of fp32 GEMMs of more than 16 rows on this CPU, as verbose names it.
+LARGE_ROUTE = f"{be.packed_weights_info()['library']}/packed"
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +110,7 @@ def test_routes_are_native_and_packed(capfd):
         lin(x64)
     err = capfd.readouterr().err
     assert "skinny/f32-packed" in err
-    assert "onednn/packed" in err
+    assert LARGE_ROUTE in err
     info = _packs()
     assert info["packs"] == 2 and info["hits"] >= 2 and info["entries"] == 2
 
@@ -327,6 +331,50 @@ def test_large_m_and_odd_shapes():
         we, biase, xe = w.to(DEVICE), bias.to(DEVICE), x.to(DEVICE)
         for _ in range(2):
             _check_fp32(torch.nn.functional.linear(xe, we, biase), x, w.t(), bias)
+
+
+def test_large_gemm_bits_do_not_depend_on_which_row_count_came_first():
+    """The pack of B is laid out for a fixed row count (MKL's layout depends
+    on the M it is packed for), so a GEMM's result is the same whichever M
+    first made the pack: reproducible run to run whatever the call history."""
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(192, 160).to(DEVICE)
+    x17, x300 = torch.randn(17, 192, device=DEVICE), torch.randn(300, 192, device=DEVICE)
+    results = []
+    for first in (x17, x300):
+        torch.ember.empty_cache()
+        for _ in range(2):
+            lin(first)  # the second call packs
+        assert _packs()["packs"] == 1
+        results.append((lin(x17).cpu(), lin(x300).cpu()))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
+    w = lin.weight.detach().cpu()
+    _check_fp32(results[0][1], x300.cpu(), w.t(), lin.bias.detach().cpu())
+
+
+@pytest.mark.parametrize("layout", ["row-major", "transposed", "padded-rows"])
+def test_large_gemm_packs_every_weight_layout(layout):
+    """B as a Linear weight's transpose, as stored row-major (GPT-2's Conv1D),
+    and as a row-major slice with padded rows; A with padded rows; out= with
+    padded rows."""
+    torch.manual_seed(6)
+    m, k, n = 40, 72, 56
+    if layout == "transposed":
+        b = torch.randn(n, k).t()
+    elif layout == "row-major":
+        b = torch.randn(k, n)
+    else:
+        b = torch.randn(k, n + 8)[:, :n]
+    a = torch.randn(m, k + 5)[:, :k]
+    bias = torch.randn(n)
+    be_, ae, biase = b.to(DEVICE), a.to(DEVICE), bias.to(DEVICE)
+    out = torch.empty(m, n + 3, device=DEVICE)[:, :n]
+    for _ in range(3):
+        _check_fp32(torch.addmm(biase, ae, be_), a, b, bias)
+        torch.addmm(biase, ae, be_, out=out)
+        _check_fp32(out, a, b, bias)
+    assert _packs()["packs"] >= 1
 
 
 ACTIVATIONS = {

@@ -146,7 +146,7 @@ def test_launched_gemms_and_convolutions_replay_like_eager():
             for unit in (
                 "aten::convolution (channel-gemm)",
                 "aten::convolution (onednn)",
-                "aten::addmm (onednn)",
+                f"aten::addmm ({torch.backends.ember.packed_weights_info()['library']})",
                 "aten::mm",
             ):
                 assert stats.get(unit, {}).get("launched", 0) > 0, (unit, stats)
@@ -187,7 +187,7 @@ def test_replay_writes_captured_outputs_in_place():
         assert torch.equal(y.cpu(), net(x).cpu())
 
 
-@pytest.mark.parametrize("rows", [1, 64])  # the skinny kernel, oneDNN's packed GEMM
+@pytest.mark.parametrize("rows", [1, 64])  # the skinny kernel, MKL's or oneDNN's packed GEMM
 @pytest.mark.parametrize("bias", [True, False])
 def test_out_forms_of_linears_replay_the_packed_kernels(rows, bias):
     """Compiled code calls addmm/mm with out= (Inductor's extern kernels):
@@ -215,7 +215,8 @@ def test_out_forms_of_linears_replay_the_packed_kernels(rows, bias):
         with torch.ember.graph(g):
             step()
         stats = torch_ember.launch_stats()
-        packed = "aten::addmm (skinny)" if rows == 1 else "aten::addmm (onednn)"
+        library = torch.backends.ember.packed_weights_info()["library"]
+        packed = "aten::addmm (skinny)" if rows == 1 else f"aten::addmm ({library})"
         assert stats.get(packed, {}).get("launched", 0) == 1, stats
         out.zero_()
         g.replay()

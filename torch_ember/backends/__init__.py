@@ -192,10 +192,12 @@ def benchmark_cache_info() -> dict[str, Any]:
     return _C.benchmark_cache_info()
 
 
-def packed_weights_info() -> dict[str, int]:
+def packed_weights_info() -> dict[str, int | str]:
     """The prepacked-weight cache of the default GEMM route:
     ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
-    "evictions", "inference_tensors_refused"}``. A GEMM operand that comes
+    "evictions", "inference_tensors_refused"}`` (counts) and ``"library"``:
+    whose packed GEMM runs fp32 GEMMs of more than 16 rows on this CPU
+    (``"mkl"`` on Intel CPUs, ``"onednn"`` elsewhere). A GEMM operand that comes
     back unchanged (a weight) is packed on its second use; packs live in ember
     memory (counted in ``torch.ember.memory_stats()``, key
     ``packed_weight_bytes``) and go with ``torch.ember.empty_cache()``, a write

@@ -21,11 +21,11 @@
 #include <cstring>
 #include <vector>
 
-#include "ember/runtime/chunk_team.h"
 #include "ops/CpuAlias.h"
 #include "ops/DelegationCall.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/ParallelChunks.h"
 
 namespace ember::kernels {
 namespace {
@@ -35,8 +35,8 @@ constexpr c10::DispatchKeySet kCpu{c10::DispatchKey::CPU};
 // cat of contiguous inputs into a contiguous result of their dtype, as
 // copies of whole rows: each input contributes one block of bytes per index
 // of the dimensions before `dim`. Rows are split between the launching
-// thread count's threads by runtime::run_chunks (no OpenMP team on a stream
-// worker, runtime/chunk_team.h); a byte copy is the same whoever runs it.
+// thread count's threads by run_chunk_loop (no OpenMP team on a stream
+// worker: ParallelChunks.h); a byte copy is the same whoever runs it.
 // False, having done nothing, for any other call.
 bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
               const at::Tensor& out) {
@@ -69,7 +69,7 @@ bool cat_rows(const std::vector<at::Tensor>& inputs, int64_t dim,
   const int64_t chunks = (outer + rows_per_chunk - 1) / rows_per_chunk;
   const int threads = static_cast<int>(
       std::min<int64_t>(chunks, std::max(1, at::get_num_threads())));
-  runtime::run_chunks(chunks, threads, [&](int64_t chunk) {
+  kernels::run_chunk_loop(chunks, threads, [&](int64_t chunk) {
     const int64_t end = std::min(outer, (chunk + 1) * rows_per_chunk);
     for (int64_t row = chunk * rows_per_chunk; row < end; ++row) {
       for (const Block& b : blocks) {

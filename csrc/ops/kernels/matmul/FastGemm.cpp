@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/relu.h>
@@ -16,6 +17,7 @@
 #include "ops/DeviceScope.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/matmul/MklPackedGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
 
@@ -114,6 +116,35 @@ at::Tensor unpacked_linear(const at::Tensor& a, const at::Tensor& weight_cpu,
   return out;
 }
 
+// MKL's packed route (Intel CPUs) for an fp32 A and B it can address: B
+// with a unit stride, A rows at least K apart.
+bool mkl_takes(const at::Tensor& a, const at::Tensor& b) {
+  return mkl_packed_preferred() && a.stride(0) >= a.size(1) &&
+         mkl_can_pack(b.size(0), b.size(1), b.stride(0), b.stride(1));
+}
+
+// The activation of an epilogue, in place on C (m x n, row stride ldc) on
+// the calling thread's CPU kernels.
+void apply_epilogue(float* c, int64_t m, int64_t n, int64_t ldc,
+                    Epilogue epilogue) {
+  if (epilogue == Epilogue::kNone) return;
+  at::Tensor out = at::from_blob(c, {m, n}, {ldc, 1},
+                                 at::TensorOptions().dtype(at::kFloat));
+  switch (epilogue) {
+    case Epilogue::kRelu:
+      out.relu_();
+      break;
+    case Epilogue::kGeluErf:
+      out.copy_(at::gelu(out));
+      break;
+    case Epilogue::kGeluTanh:
+      out.copy_(at::gelu(out, "tanh"));
+      break;
+    case Epilogue::kNone:
+      break;
+  }
+}
+
 std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
                          const at::Tensor& b, const at::Scalar& beta,
                          const at::Scalar& alpha) {
@@ -164,7 +195,8 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     plan.packed = packed_weight(
         b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
   } else if (flags::matmul_fp32_precision() == Fp32Precision::kIeee) {
-    plan.packed = packed_weight(b, PackKind::kOneDnn);
+    plan.packed = packed_weight(
+        b, mkl_takes(a, b) ? PackKind::kMklF32 : PackKind::kOneDnn);
   } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16) {
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
@@ -173,13 +205,36 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
   return plan;
 }
 
-// The skinny kernel into `out` (rows of unit stride, row stride ldc); `bias`
-// is the plan's, as a tensor the caller may read (ember or its CPU alias).
-void run_skinny(const Plan& plan, const at::Tensor& a,
-                const std::optional<at::Tensor>& bias, const at::Tensor& out) {
+// The route name verbose output and the execution-path record show.
+const char* direct_route(const Plan& plan, Epilogue epilogue) {
+  if (plan.packed->kind == PackKind::kMklF32) {
+    return epilogue != Epilogue::kNone ? "mkl/packed+epilogue" : "mkl/packed";
+  }
+  return plan.bf16 || plan.packed->kind == PackKind::kPanelsBf16
+             ? "skinny/bf16-packed"
+             : "skinny/f32-packed";
+}
+
+// The skinny kernel or MKL's packed GEMM (the kernels that write straight
+// into `out`: rows of unit stride, row stride ldc); `bias` is the plan's, as
+// a tensor the caller may read (ember or its CPU alias).
+void run_direct(const Plan& plan, const at::Tensor& a,
+                const std::optional<at::Tensor>& bias, const at::Tensor& out,
+                Epilogue epilogue = Epilogue::kNone) {
   if (plan.watched.written_since()) [[unlikely]] {
     const_cast<at::Tensor&>(out).copy_(
-        unpacked_linear(a, plan.watched.weight_cpu, bias, Epilogue::kNone));
+        unpacked_linear(a, plan.watched.weight_cpu, bias, epilogue));
+    return;
+  }
+  if (plan.packed->kind == PackKind::kMklF32) {
+    float* c = out.mutable_data_ptr<float>();
+    mkl_packed_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
+                        plan.packed->k, plan.packed->n, plan.packed->panels.get(),
+                        bias ? bias->const_data_ptr<float>() : nullptr, c,
+                        out.stride(0));
+    apply_epilogue(c, a.size(0), plan.packed->n, out.stride(0), epilogue);
+    observe::mark_path(observe::ExecutionPath::kNative,
+                       direct_route(plan, epilogue));
     return;
   }
   if (a.scalar_type() == at::kBFloat16) {
@@ -190,7 +245,8 @@ void run_skinny(const Plan& plan, const at::Tensor& a,
                      bias ? bits(*bias) : nullptr,
                      static_cast<uint16_t*>(out.mutable_data_ptr()),
                      out.stride(0));
-    observe::mark_path(observe::ExecutionPath::kNative, "skinny/bf16-packed");
+    observe::mark_path(observe::ExecutionPath::kNative,
+                       direct_route(plan, epilogue));
     return;
   }
   const float* bias_f32 = bias ? bias->const_data_ptr<float>() : nullptr;
@@ -203,7 +259,7 @@ void run_skinny(const Plan& plan, const at::Tensor& a,
                     plan.packed->f32(), bias_f32, c, out.stride(0));
   }
   observe::mark_path(observe::ExecutionPath::kNative,
-                     plan.bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
+                     direct_route(plan, epilogue));
 }
 
 // bias + a @ the packed weight (+ epilogue) by oneDNN on CPU tensors, as a
@@ -231,9 +287,10 @@ const std::string& onednn_launch_name() {
   static const std::string name = "aten::addmm (onednn)";
   return name;
 }
-const std::string& skinny_launch_name() {
-  static const std::string name = "aten::addmm (skinny)";
-  return name;
+const std::string& direct_launch_name(const Plan& plan) {
+  static const std::string skinny = "aten::addmm (skinny)";
+  static const std::string mkl = "aten::addmm (mkl)";
+  return plan.packed->kind == PackKind::kMklF32 ? mkl : skinny;
 }
 
 // Launched, the product is copied into the result allocated at the call.
@@ -282,18 +339,39 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
   return *std::move(out);
 }
 
-// The skinny kernel, launched where asynchronous execution is on (or
-// recorded into its result by a capturing graph).
+// The skinny kernel or MKL's, launched where asynchronous execution is on
+// (or recorded into its result by a capturing graph).
 template <class MakeOut>
-std::optional<at::Tensor> launch_skinny(const Plan& plan, const at::Tensor& a,
-                                        MakeOut&& make_out) {
+std::optional<at::Tensor> launch_direct(const Plan& plan, const at::Tensor& a,
+                                        MakeOut&& make_out,
+                                        Epilogue epilogue = Epilogue::kNone) {
   return unboxed::launch_into(
-      skinny_launch_name(), std::forward<MakeOut>(make_out),
-      [plan](const at::Tensor& o, const at::Tensor& ca,
-             const std::optional<at::Tensor>& cbias) {
-        run_skinny(plan, ca, cbias, o);
+      direct_launch_name(plan), std::forward<MakeOut>(make_out),
+      [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
+                       const std::optional<at::Tensor>& cbias) {
+        run_direct(plan, ca, cbias, o, epilogue);
       },
       a, plan.bias);
+}
+
+// A direct kernel's result: launched, or run at the call.
+at::Tensor run_direct_result(const Plan& plan, const at::Tensor& a,
+                             Epilogue epilogue = Epilogue::kNone) {
+  const auto make_out = [&] {
+    return at::empty({a.size(0), plan.cols}, a.options());
+  };
+  observe::mark_path(observe::ExecutionPath::kNative,
+                     direct_route(plan, epilogue));
+  if (auto launched = launch_direct(plan, a, make_out, epilogue)) {
+    return *std::move(launched);
+  }
+  // Synchronous, and no graph capturing (launch_direct records a capture).
+  at::Tensor out;
+  run_on_device(a.device().index(), [&] {
+    out = make_out();
+    run_direct(plan, a, plan.bias, out, epilogue);
+  });
+  return out;
 }
 
 }  // namespace
@@ -303,6 +381,9 @@ std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
                                                const at::Tensor& b,
                                                Epilogue epilogue) {
   const std::optional<Plan> route = plan(bias, a, b, 1, 1);
+  if (route && route->packed->kind == PackKind::kMklF32) {
+    return run_direct_result(*route, a, epilogue);
+  }
   // Epilogues fuse where the operands' dtype is the pack's (not "medium").
   const bool same_dtype = route && route->packed->onednn.defined() &&
                           (route->packed->kind == PackKind::kOneDnn) ==
@@ -320,20 +401,7 @@ std::optional<at::Tensor> fast_linear(const at::Tensor& self,
   const std::optional<Plan> route = plan(self, a, b, beta, alpha);
   if (!route) return std::nullopt;
   if (route->packed->onednn.defined()) return run_onednn(*route, a);
-  observe::mark_path(observe::ExecutionPath::kNative,
-                     route->bf16 ? "skinny/bf16-packed" : "skinny/f32-packed");
-  if (auto launched = launch_skinny(*route, a, [&] {
-        return at::empty({a.size(0), route->cols}, a.options());
-      })) {
-    return launched;
-  }
-  // Synchronous, and no graph capturing (launch_skinny records a capture).
-  at::Tensor out;
-  run_on_device(a.device().index(), [&] {
-    out = at::empty({a.size(0), route->cols}, a.options());
-    run_skinny(*route, a, route->bias, out);
-  });
-  return out;
+  return run_direct_result(*route, a);
 }
 
 bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
@@ -343,7 +411,9 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   // input (ATen's resize and aliasing rules stay with the general route).
   if (!out.defined() || out.dim() != 2 || a.dim() != 2 || b.dim() != 2 ||
       out.size(0) != a.size(0) || out.size(1) != b.size(1) ||
-      out.stride(1) != 1 || out.device() != a.device() ||
+      out.stride(1) != 1 ||
+      (out.size(0) > 1 && out.stride(0) < out.size(1)) ||
+      out.device() != a.device() ||
       out.scalar_type() != a.scalar_type() ||
       out.storage().is_alias_of(a.storage()) ||
       out.storage().is_alias_of(b.storage()) ||
@@ -374,8 +444,8 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
       run_on_device(device,
                     [&] { const_cast<at::Tensor&>(out).copy_(result); });
     }
-  } else if (!launch_skinny(*route, a, [&] { return out; })) {
-    run_on_device(device, [&] { run_skinny(*route, a, route->bias, out); });
+  } else if (!launch_direct(*route, a, [&] { return out; })) {
+    run_on_device(device, [&] { run_direct(*route, a, route->bias, out); });
   }
   return true;
 }

@@ -16,6 +16,7 @@
 #include "core/EmberAllocator.h"
 #include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
+#include "ops/kernels/matmul/MklPackedGemm.h"
 
 namespace ember::matmul {
 namespace {
@@ -255,6 +256,8 @@ class PackCache {
                         ? PanelPackedF32::bytes(packed->k, packed->n)
                     : kind == PackKind::kPanelsBf16
                         ? PanelPackedBf16::bytes(packed->k, packed->n)
+                    : kind == PackKind::kMklF32
+                        ? mkl_pack_bytes(packed->k, packed->n)
                         : static_cast<size_t>(packed->k * packed->n) *
                               (kind == PackKind::kOneDnnBf16 ? 2 : 4);
     if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
@@ -280,7 +283,10 @@ class PackCache {
       } else {
         packed->panels = device_allocator()->allocate_on(
             device, packed->bytes, c10::DeviceType::PrivateUse1);
-        if (kind == PackKind::kPanelsF32) {
+        if (kind == PackKind::kMklF32) {
+          mkl_pack_f32(b.const_data_ptr<float>(), packed->k, packed->n,
+                       b.stride(0), b.stride(1), packed->panels.get());
+        } else if (kind == PackKind::kPanelsF32) {
           pack_panels_f32(b.const_data_ptr<float>(), packed->k, packed->n,
                           b.stride(0), b.stride(1),
                           static_cast<float*>(packed->panels.get()));

@@ -4,6 +4,8 @@
 // layout its kernel wants and reused on every later call:
 //
 //   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
+//   kMklF32                   MKL's packed B (MklPackedGemm.h), the fp32
+//                             route of more than 16 rows on Intel CPUs
 //   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 for bf16
 //                             operands and under "medium") for its packed
 //                             matmul
@@ -31,6 +33,7 @@ namespace ember::matmul {
 enum class PackKind : uint8_t {
   kPanelsF32,
   kPanelsBf16,
+  kMklF32,
   kOneDnn,
   kOneDnnBf16,
   kOneDnnConv
@@ -43,7 +46,7 @@ struct PackedWeight {
   int64_t k = 0;
   int64_t n = 0;
   size_t bytes = 0;
-  c10::DataPtr panels;  // kPanels*: ember memory
+  c10::DataPtr panels;  // kPanels*, kMklF32: ember memory
   at::Tensor onednn;    // kOneDnn*: oneDNN's blocked weight (an MKLDNN tensor)
 
   PanelPackedF32 f32() const;

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "ember/runtime/chunk_team.h"
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/ParallelChunks.h"
 #include "ops/kernels/matmul/PanelTile.h"
 
 namespace ember::matmul {
@@ -135,9 +135,8 @@ struct MakeBf16 {
 
 // Splits the panel groups into chunks of about 256 KB of B; small problems
 // stay on one thread (waking helpers costs more than streaming a few
-// hundred KB). Chunks, not an OpenMP region: under asynchronous execution
-// the host thread takes a core now and then, and a region would wait at its
-// barrier for the thread it displaced (runtime/chunk_team.h).
+// hundred KB). Threads as ParallelChunks.h chooses them (a chunk team on a
+// stream worker, whose regions would wait for a thread the host displaced).
 template <class Body>
 void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
   const int64_t groups = (panel_count(n) + kGroupPanels - 1) / kGroupPanels;
@@ -145,9 +144,9 @@ void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
   const int64_t grain = std::max<int64_t>(
       1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
   const int64_t chunks = (groups + grain - 1) / grain;
-  const int threads = static_cast<int>(std::min<int64_t>(
-      at::in_parallel_region() ? 1 : at::get_num_threads(), chunks));
-  runtime::run_chunks(chunks, threads, [&](int64_t chunk) {
+  const int threads = static_cast<int>(
+      std::min<int64_t>(kernels::loop_threads(), chunks));
+  kernels::run_chunk_loop(chunks, threads, [&](int64_t chunk) {
     const int64_t end = std::min(groups, (chunk + 1) * grain);
     for (int64_t g = chunk * grain; g < end; ++g) body(g);
   });
