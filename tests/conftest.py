@@ -48,6 +48,19 @@ def _restore_device_and_streams():
 
 
 @pytest.fixture
+def queued_launches():
+    """Small launched work is queued even while a stream's worker sleeps.
+
+    By default ember runs small work at the call while the worker sleeps with
+    nothing queued (waking it costs more than the kernel); whether a worker
+    has gone to sleep depends on how long the test paused, so tests that
+    count launched work use this to make queuing independent of timing."""
+    torch_ember._C._engine_keep_workers_awake(True)
+    yield
+    torch_ember._C._engine_keep_workers_awake(False)
+
+
+@pytest.fixture
 def clean_memory():
     """Frees cached blocks and resets peak statistics of every ember device."""
     gc.collect()

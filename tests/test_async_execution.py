@@ -18,6 +18,9 @@ import torch.nn.functional as F
 import torch_ember
 from torch_ember import _C
 
+# Launch counts must not depend on whether a worker fell asleep (conftest).
+pytestmark = pytest.mark.usefixtures("queued_launches")
+
 # The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
 # MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
 PACKED_GEMM_UNIT = f"aten::addmm ({torch.backends.ember.packed_weights_info()['library']})"

@@ -1,8 +1,11 @@
 """Where a launched op runs (docs/architecture.md, "Large results run at the
 call on an idle stream"): a result of at least 64 Ki elements is computed at
 the call while its stream has nothing queued, and is queued behind work that
-is; small results are always queued. Either way the result is what
-synchronous execution gives."""
+is; small results are queued, except while the stream's worker sleeps with
+nothing queued (then they run at the call, and a long burst of them rouses
+the worker). Either way the result is what synchronous execution gives."""
+
+import time
 
 import pytest
 import torch
@@ -10,6 +13,10 @@ import torch.nn.functional as F
 from test_async_execution import _async_on, _launched, _sleep  # noqa: F401 (autouse fixture)
 
 import torch_ember
+from torch_ember import _C
+
+# Launch counts must not depend on whether a worker fell asleep (conftest).
+pytestmark = pytest.mark.usefixtures("queued_launches")
 
 # The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
 # MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
@@ -64,6 +71,7 @@ def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, l
     code = (
         "import torch, torch_ember\n"
         "torch.backends.ember.async_execution = True\n"
+        "torch_ember._C._engine_keep_workers_awake(True)\n"
         "x = torch.ones(1 << 17, device='ember')\n"
         "torch.ember.synchronize()\n"
         "torch_ember.reset_launch_stats()\n"
@@ -78,3 +86,51 @@ def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, l
     result = run_python(code, env={"EMBER_ASYNC_INLINE_NUMEL": threshold})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(launched)]
+
+
+def _wait_until_the_worker_sleeps(stream):
+    deadline = time.monotonic() + 10
+    while not _C._engine_worker_asleep(stream.device_index, stream.stream_id):
+        assert time.monotonic() < deadline, "the worker never went to sleep"
+        time.sleep(0.001)
+
+
+def test_small_work_runs_at_the_call_while_the_worker_sleeps():
+    """Queued behind a sleeping worker, a small op would wait for its
+    wake-up (~150 us on a halted vCPU) where the kernel takes a few: it runs
+    at the call instead, and a short burst after a pause leaves the worker
+    asleep (its polling would take a core from the host's own threads)."""
+    _C._engine_keep_workers_awake(False)  # this test is about the sleep rule
+    stream = torch.ember.current_stream()
+    x = torch.randn(64, device="ember")
+    torch.ember.synchronize()
+    _wait_until_the_worker_sleeps(stream)
+    torch_ember.reset_launch_stats()
+    y = x * 2
+    z = y + 1
+    assert _launched("aten::mul.Tensor") == 0 and _launched("aten::add.Tensor") == 0
+    assert stream.query()
+    assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
+    assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
+
+
+def test_a_long_burst_of_work_at_the_call_rouses_the_worker():
+    """Once the host has gone on launching without a pause, the worker is
+    woken and what follows is queued again (a decode step overlaps its
+    Python with the kernels)."""
+    _C._engine_keep_workers_awake(False)
+    stream = torch.ember.current_stream()
+    x = torch.randn(64, device="ember")
+    torch.ember.synchronize()
+    _wait_until_the_worker_sleeps(stream)
+    torch_ember.reset_launch_stats()
+    y, steps = x, 0
+    deadline = time.monotonic() + 10
+    while _launched("aten::mul.Tensor") == 0:
+        assert time.monotonic() < deadline, "the worker was never roused"
+        y, steps = y * 1.0001, steps + 1
+    assert steps > 1  # the first ones ran at the call
+    expected = x.cpu()
+    for _ in range(steps):
+        expected = expected * 1.0001
+    assert torch.equal(y.cpu(), expected)

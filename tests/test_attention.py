@@ -213,6 +213,7 @@ def test_bf16_is_computed_in_fp32_and_rounded_once(shape, mask_kind, causal, cap
     torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.usefixtures("queued_launches")
 @pytest.mark.parametrize(
     "shape", [SHAPES[4], SHAPES[0], SHAPES[1]], ids=lambda s: "x".join(map(str, s))
 )

@@ -497,6 +497,7 @@ def test_cpp_kernel_launch_refuses_arguments_it_cannot_pass():
         assert _launched_cpp_kernels() == 0
 
 
+@pytest.mark.usefixtures("queued_launches")
 def test_a_launched_cpp_kernels_error_is_raised_at_the_next_sync_with_its_name():
     """As with an eager op: the kernel's C++ exception (integer division by zero)
     reaches the host at the next synchronisation, naming the kernel; the

@@ -93,11 +93,18 @@ int64_t inline_result_numel() {
   return threshold;
 }
 
+bool runs_at_call(runtime::Stream& stream, int64_t result_numel) {
+  if (result_numel >= inline_result_numel()) return stream.query();
+  if (!stream.worker_asleep()) return false;
+  stream.note_work_at_call_while_asleep();
+  return true;
+}
+
 bool runs_at_call(c10::DeviceIndex device, int64_t result_numel) {
-  if (!launch_async() || result_numel < inline_result_numel()) return false;
+  if (!launch_async()) return false;
   runtime::Stream& stream = runtime::device(device).streams().current();
   return !(capture::underway() && stream.capture() != nullptr) &&
-         stream.query();
+         runs_at_call(stream, result_numel);
 }
 
 void run_launched_inline(runtime::Stream& stream, const char* name,
@@ -111,6 +118,7 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
   } restore;
   stream.run(LaunchedWork<std::reference_wrapper<const std::function<void()>>>{
       device, launching_thread_count(device), std::nullopt, std::cref(work)});
+  stream.note_work_at_call_done();
 }
 
 bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {

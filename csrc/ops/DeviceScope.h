@@ -138,6 +138,15 @@ int64_t inline_result_numel();
 // copies its result into the preallocated one), so the caller can take the
 // synchronous form instead.
 bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
+// The same for `stream` (not capturing), which is idle or not: a large
+// result on an idle stream, or any result while the stream's worker sleeps
+// with nothing queued (queued, the work would wait for the worker's
+// wake-up, ~150 us on a halted vCPU, where a small kernel takes a few: a
+// batch-1 MLP called after a 2 ms pause ran 275 us queued against 87 us at
+// the call); once the host has gone on launching for a while, the worker is
+// roused, so that the ops which follow find it polling and are queued
+// (Stream::note_work_at_call_while_asleep).
+bool runs_at_call(runtime::Stream& stream, int64_t result_numel);
 
 // Runs launched work at the call: as the worker would (below autograd,
 // the device's pool, the launching thread count), restoring the calling
@@ -164,7 +173,7 @@ bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
     // A capturing stream records the unit as it is queued (Stream::enqueue);
     // a recorded unit carries no profiler trace of its capture.
     const bool capturing = capture::underway() && stream.capture() != nullptr;
-    if (!capturing && result_numel >= inline_result_numel() && stream.query()) {
+    if (!capturing && runs_at_call(stream, result_numel)) {
       queued = false;
       run_launched_inline(stream, name, device, std::ref(work));
       return;

@@ -214,7 +214,58 @@ void Stream::push(Item item) {
   work_cv_.notify_one();
 }
 
+void Stream::rouse_worker() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shut_down_ || stopping_ || rouse_requested_) return;
+  if (worker_ == nullptr) {
+    worker_asleep_.store(false, std::memory_order_release);
+    worker_ = new std::thread([this] { worker_loop(); });
+    return;
+  }
+  if (!worker_asleep_.load(std::memory_order_acquire)) return;
+  rouse_requested_ = true;
+  work_cv_.notify_one();
+}
+
+namespace {
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+namespace {
+std::atomic<bool> keep_workers_awake_flag{false};
+}  // namespace
+
+void Stream::keep_workers_awake(bool keep_awake) {
+  keep_workers_awake_flag.store(keep_awake, std::memory_order_relaxed);
+}
+
+bool Stream::workers_kept_awake() {
+  return keep_workers_awake_flag.load(std::memory_order_relaxed);
+}
+
+void Stream::note_work_at_call_done() {
+  burst_last_ns_.store(steady_now_ns(), std::memory_order_relaxed);
+}
+
+void Stream::note_work_at_call_while_asleep() {
+  const int64_t now = steady_now_ns();
+  const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
+  if (now - last > std::chrono::nanoseconds(kBurstGap).count()) {
+    burst_start_ns_.store(now, std::memory_order_relaxed);
+    return;
+  }
+  if (now - burst_start_ns_.load(std::memory_order_relaxed) >=
+      std::chrono::nanoseconds(kRouseAfter).count()) {
+    rouse_worker();
+  }
+}
+
 void Stream::worker_loop() {
+  worker_asleep_.store(false, std::memory_order_release);
   t_in_stream_worker = true;
   if (config_ != nullptr) pin_to_cores(config_->cores);
   try {
@@ -236,7 +287,16 @@ void Stream::worker_loop() {
       spin_for_work();
       lock.lock();
     }
-    work_cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+    if (queue_.empty() && !stopping_) {
+      worker_asleep_.store(true, std::memory_order_release);
+      work_cv_.wait(lock, [this] {
+        return !queue_.empty() || stopping_ || rouse_requested_;
+      });
+      worker_asleep_.store(false, std::memory_order_release);
+      rouse_requested_ = false;
+      // Roused with nothing queued: poll for the work about to come.
+      if (queue_.empty() && !stopping_) continue;
+    }
     if (queue_.empty()) return;  // stopping, and everything ran
     Item item = std::move(queue_.front());
     queue_.pop_front();
@@ -438,6 +498,8 @@ bool Stream::reset_in_child() {
   new (&work_cv_) std::condition_variable();
   new (&done_cv_) std::condition_variable();
   worker_ = nullptr;  // the thread does not exist here; leaked, never joined
+  worker_asleep_.store(true, std::memory_order_relaxed);
+  rouse_requested_ = false;
   idle_waiters_ = room_waiters_ = event_waiters_ = 0;
   stopping_ = false;
   return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0 ||

@@ -91,6 +91,53 @@ TEST(Stream, RunExecutesWorkAndCountsIt) {
   EXPECT_EQ(pool.default_stream().completed(), 0u);  // other streams unmoved
 }
 
+// Polls `done` for up to 10 s.
+template <class Done>
+bool eventually(Done&& done) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+TEST(Stream, WorkerCountsAsAsleepUntilStartedAndAfterItIdles) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  EXPECT_TRUE(stream.worker_asleep());  // no worker yet
+  stream.enqueue("sleep", [] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  });
+  EXPECT_FALSE(stream.worker_asleep());  // work queued
+  stream.synchronize();
+  EXPECT_TRUE(eventually([&] { return stream.worker_asleep(); }));
+}
+
+TEST(Stream, RouseWakesASleepingWorkerWithoutQueuingWork) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  stream.enqueue("nothing", [] {});
+  stream.synchronize();
+  ASSERT_TRUE(eventually([&] { return stream.worker_asleep(); }));
+  const uint64_t completed = stream.completed();
+  stream.rouse_worker();
+  // Awake, it polls briefly and sleeps again; nothing ran meanwhile.
+  EXPECT_TRUE(eventually([&] { return stream.worker_asleep(); }));
+  EXPECT_EQ(stream.completed(), completed);
+  EXPECT_TRUE(stream.query());
+}
+
+TEST(Stream, KeepingWorkersAwakeMakesNoneCountAsAsleep) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  Stream::keep_workers_awake(true);
+  EXPECT_FALSE(stream.worker_asleep());
+  Stream::keep_workers_awake(false);
+  EXPECT_TRUE(stream.worker_asleep());
+}
+
 TEST(Event, RecordRemembersTheStreamDevice) {
   StreamPool pool(3);
   Event event;

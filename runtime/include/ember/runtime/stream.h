@@ -116,6 +116,38 @@ class Stream final {
   // Waits for the queued work, then raises a pending AsyncError.
   void synchronize();
 
+  // True when the worker is asleep (or not started) with nothing queued:
+  // work queued now would first wait for the worker to be woken, which
+  // costs more than a small kernel (~150 us for a halted vCPU), so a
+  // launcher runs small work at the call instead (and rouses the worker).
+  bool worker_asleep() const {
+    return worker_asleep_.load(std::memory_order_acquire) && query() &&
+           !workers_kept_awake();
+  }
+  // While set, every stream's worker counts as awake: launchers queue work
+  // whatever the worker does (as before this rule). Tests that count
+  // launched work set it, so that what is queued does not depend on how
+  // long the host paused.
+  static void keep_workers_awake(bool keep_awake);
+  static bool workers_kept_awake();
+  // Wakes (or starts) a sleeping worker without queuing anything, so that
+  // work launched a moment later finds it polling. At most one wake-up is
+  // sent per sleep.
+  void rouse_worker();
+  // Called by a launcher that ran work at the call because the worker was
+  // asleep: rouses the worker once the host has gone on launching for
+  // kRouseAfter with no pause longer than kBurstGap (a decode step, a
+  // training loop: the work that follows is worth queuing), never for a
+  // short burst after a pause (a batch-1 MLP called now and then, which
+  // the roused worker's polling would only slow: it takes a core from the
+  // host's OpenMP team).
+  void note_work_at_call_while_asleep();
+  // ... and after that work ran: pauses are measured from here (the work
+  // itself is no pause of the host's).
+  void note_work_at_call_done();
+  static constexpr std::chrono::microseconds kBurstGap{100};
+  static constexpr std::chrono::microseconds kRouseAfter{200};
+
   // Destroys, on the calling thread, the work the worker has finished.
   // Finished work is not destroyed by the worker: what it captured
   // (tensors) may be the last reference to memory whose release needs the
@@ -197,6 +229,13 @@ class Stream final {
   // with data the host writes would bounce between their cores on every
   // write.
   alignas(64) std::atomic<int64_t> pending_{0};
+  // Set while the worker blocks on work_cv_ (and before it starts); a
+  // wake-up requested by rouse_worker() clears it (woken_ marks that one).
+  std::atomic<bool> worker_asleep_{true};
+  bool rouse_requested_ = false;  // guarded by mutex_
+  // The host's current burst of work run at the call (steady_clock ns).
+  std::atomic<int64_t> burst_start_ns_{0};
+  std::atomic<int64_t> burst_last_ns_{0};
   alignas(64) std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
