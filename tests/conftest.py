@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import torch_ember  # noqa: F401  (registers the backend even without autoload)
+import torch_ember  # registers the backend even without autoload
 
 NUM_DEVICES = torch.ember.device_count()
 

@@ -74,10 +74,9 @@ void bind_engine(py::module& m) {
         });
       },
       "Queues work that sleeps `seconds` on a stream (tests, benchmarks).");
-  m.def(
-      "_engine_keep_workers_awake", &rt::Stream::keep_workers_awake,
-      "While set, stream workers count as awake: small launched work is "
-      "queued even while a worker sleeps (tests that count launched work).");
+  m.def("_engine_keep_workers_awake", &rt::Stream::keep_workers_awake,
+        "While set, stream workers count as awake: small launched work is "
+        "queued even while a worker sleeps (tests that count launched work).");
   m.def(
       "_engine_worker_asleep",
       [](int device, int64_t stream_id) {

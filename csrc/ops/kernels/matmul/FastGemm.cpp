@@ -128,8 +128,8 @@ bool mkl_takes(const at::Tensor& a, const at::Tensor& b) {
 void apply_epilogue(float* c, int64_t m, int64_t n, int64_t ldc,
                     Epilogue epilogue) {
   if (epilogue == Epilogue::kNone) return;
-  at::Tensor out = at::from_blob(c, {m, n}, {ldc, 1},
-                                 at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out =
+      at::from_blob(c, {m, n}, {ldc, 1}, at::TensorOptions().dtype(at::kFloat));
   switch (epilogue) {
     case Epilogue::kRelu:
       out.relu_();
@@ -228,10 +228,10 @@ void run_direct(const Plan& plan, const at::Tensor& a,
   }
   if (plan.packed->kind == PackKind::kMklF32) {
     float* c = out.mutable_data_ptr<float>();
-    mkl_packed_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
-                        plan.packed->k, plan.packed->n, plan.packed->panels.get(),
-                        bias ? bias->const_data_ptr<float>() : nullptr, c,
-                        out.stride(0));
+    mkl_packed_gemm_f32(
+        a.const_data_ptr<float>(), a.stride(0), a.size(0), plan.packed->k,
+        plan.packed->n, plan.packed->panels.get(),
+        bias ? bias->const_data_ptr<float>() : nullptr, c, out.stride(0));
     apply_epilogue(c, a.size(0), plan.packed->n, out.stride(0), epilogue);
     observe::mark_path(observe::ExecutionPath::kNative,
                        direct_route(plan, epilogue));
@@ -411,10 +411,8 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
   // input (ATen's resize and aliasing rules stay with the general route).
   if (!out.defined() || out.dim() != 2 || a.dim() != 2 || b.dim() != 2 ||
       out.size(0) != a.size(0) || out.size(1) != b.size(1) ||
-      out.stride(1) != 1 ||
-      (out.size(0) > 1 && out.stride(0) < out.size(1)) ||
-      out.device() != a.device() ||
-      out.scalar_type() != a.scalar_type() ||
+      out.stride(1) != 1 || (out.size(0) > 1 && out.stride(0) < out.size(1)) ||
+      out.device() != a.device() || out.scalar_type() != a.scalar_type() ||
       out.storage().is_alias_of(a.storage()) ||
       out.storage().is_alias_of(b.storage()) ||
       (self.defined() && out.storage().is_alias_of(self.storage()))) {

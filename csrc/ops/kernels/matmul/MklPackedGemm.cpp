@@ -64,11 +64,11 @@ void mkl_pack_f32(const float* b, int64_t k, int64_t n, int64_t stride_k,
   const bool row_major = mkl_row_major(k, n, stride_k, stride_n);
   // A single row or column has no row stride to speak of; MKL still wants
   // ld >= its row length.
-  const int64_t ld = row_major ? (k == 1 ? n : stride_k)
-                               : (n == 1 ? k : stride_n);
+  const int64_t ld =
+      row_major ? (k == 1 ? n : stride_k) : (n == 1 ? k : stride_n);
   cblas_sgemm_pack(kRowMajor, kBMatrix, row_major ? kNoTrans : kTrans,
-                   as_mkl_int(kMklRowsHint), as_mkl_int(n), as_mkl_int(k),
-                   1.0f, b, as_mkl_int(ld), static_cast<float*>(dest));
+                   as_mkl_int(kMklRowsHint), as_mkl_int(n), as_mkl_int(k), 1.0f,
+                   b, as_mkl_int(ld), static_cast<float*>(dest));
 }
 
 void mkl_packed_gemm_f32(const float* a, int64_t lda, int64_t m, int64_t k,

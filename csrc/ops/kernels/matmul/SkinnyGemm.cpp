@@ -144,8 +144,8 @@ void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
   const int64_t grain = std::max<int64_t>(
       1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
   const int64_t chunks = (groups + grain - 1) / grain;
-  const int threads = static_cast<int>(
-      std::min<int64_t>(kernels::loop_threads(), chunks));
+  const int threads =
+      static_cast<int>(std::min<int64_t>(kernels::loop_threads(), chunks));
   kernels::run_chunk_loop(chunks, threads, [&](int64_t chunk) {
     const int64_t end = std::min(groups, (chunk + 1) * grain);
     for (int64_t g = chunk * grain; g < end; ++g) body(g);
