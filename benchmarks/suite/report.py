@@ -252,8 +252,10 @@ def engine_section(results: list[WorkloadResult]) -> str:
             (
                 "- ember-async launches every op with a launched form on the stream's "
                 "worker (the calling thread goes on with Python while kernels run), "
-                "except that a result of >= 64 Ki elements runs at the call while the "
-                "stream has nothing queued; ember-sync runs each op at its call. "
+                "except that, while the stream has nothing queued, a result of >= 64 Ki "
+                "elements runs at the call, and so does any op while the worker sleeps "
+                "(until a burst of launches rouses it); ember-sync runs each op at its "
+                "call. "
                 "Asynchronous execution is on by "
                 "default from 2 cores (ember-eager is ember-async there); on 2, the "
                 "host thread and the kernels' threads share the cores."
