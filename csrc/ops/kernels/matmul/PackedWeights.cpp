@@ -109,7 +109,7 @@ class PackCache {
       // Written since: the old pack (if any) is stale; pack on the next
       // call that sees these contents again.
       if (entry.packed) {
-        bytes_ -= static_cast<int64_t>(entry.packed->bytes);
+        bytes_ -= static_cast<int64_t>(entry.packed->budget_bytes);
         ++invalidations_;
       }
       entry.packed.reset();
@@ -124,7 +124,7 @@ class PackCache {
     std::shared_ptr<PackedWeight> packed =
         reorder ? pack_with(b, kind, *reorder) : pack(b, kind);
     if (!packed) return nullptr;
-    bytes_ += static_cast<int64_t>(packed->bytes);
+    bytes_ += static_cast<int64_t>(packed->budget_bytes);
     ++packs_;
     entry.packed = packed;
     evict_over_limit(key);
@@ -191,7 +191,7 @@ class PackCache {
 
   void erase(Iterator it, bool invalidated) {
     if (it->second.packed) {
-      bytes_ -= static_cast<int64_t>(it->second.packed->bytes);
+      bytes_ -= static_cast<int64_t>(it->second.packed->budget_bytes);
       ++(invalidated ? invalidations_ : evictions_);
     }
     lru_.erase(it->second.lru);
@@ -214,7 +214,7 @@ class PackCache {
       auto it = entries_.find(*key);
       ++key;
       if ((keep && it->first == *keep) || !it->second.packed) continue;
-      bytes_ -= static_cast<int64_t>(it->second.packed->bytes);
+      bytes_ -= static_cast<int64_t>(it->second.packed->budget_bytes);
       it->second.packed.reset();
       ++evictions_;
     }
@@ -227,7 +227,8 @@ class PackCache {
     packed->k = w.size(0);
     packed->n = w.numel() / w.size(0);
     packed->bytes = static_cast<size_t>(w.numel()) * w.element_size();
-    if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
+    packed->budget_bytes = packed->bytes;
+    if (static_cast<int64_t>(packed->budget_bytes) > limit_) return nullptr;
     packed->device = w.device().index();
     // Packing reads the weight on this thread: work still queued may be
     // writing it. (Packing runs only on submitting threads, never in
@@ -260,7 +261,13 @@ class PackCache {
                         ? mkl_pack_bytes(packed->k, packed->n)
                         : static_cast<size_t>(packed->k * packed->n) *
                               (kind == PackKind::kOneDnnBf16 ? 2 : 4);
-    if (static_cast<int64_t>(packed->bytes) > limit_) return nullptr;
+    // MKL's pack reserves room its data never fills (MklPackedGemm.h): the
+    // budget counts the data, the device's memory the whole allocation.
+    packed->budget_bytes =
+        kind == PackKind::kMklF32
+            ? static_cast<size_t>(packed->k * packed->n) * sizeof(float)
+            : packed->bytes;
+    if (static_cast<int64_t>(packed->budget_bytes) > limit_) return nullptr;
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
     wait_before_packing(device);  // as in pack_with

@@ -45,7 +45,10 @@ struct PackedWeight {
   c10::DeviceIndex device = 0;
   int64_t k = 0;
   int64_t n = 0;
-  size_t bytes = 0;
+  size_t bytes = 0;  // allocated (ember memory: memory_stats)
+  // What the cache's byte budget counts: the packed data. Equal to `bytes`
+  // but for kMklF32, whose allocation MKL sizes with room it never writes.
+  size_t budget_bytes = 0;
   c10::DataPtr panels;  // kPanels*, kMklF32: ember memory
   at::Tensor onednn;    // kOneDnn*: oneDNN's blocked weight (an MKLDNN tensor)
 
@@ -72,7 +75,7 @@ std::shared_ptr<const PackedWeight> packed_onednn_weight(
 
 struct PackCacheStats {
   int64_t entries = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0;  // against the limit: PackedWeight::budget_bytes
   int64_t limit = 0;
   int64_t hits = 0;
   int64_t packs = 0;
