@@ -197,7 +197,10 @@ def packed_weights_info() -> dict[str, int | str]:
     ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
     "evictions", "inference_tensors_refused"}`` (counts) and ``"library"``:
     whose packed GEMM runs fp32 GEMMs of more than 16 rows on this CPU
-    (``"mkl"`` on Intel CPUs, ``"onednn"`` elsewhere). A GEMM operand that comes
+    (``"mkl"`` on Intel CPUs, ``"onednn"`` elsewhere). ``"bytes"`` is what
+    the byte budget (``packed_weights_limit``) counts: the packed data (MKL's
+    packs also reserve room they never write, which memory statistics count).
+    A GEMM operand that comes
     back unchanged (a weight) is packed on its second use; packs live in ember
     memory (counted in ``torch.ember.memory_stats()``, key
     ``packed_weight_bytes``) and go with ``torch.ember.empty_cache()``, a write
