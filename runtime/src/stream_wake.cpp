@@ -1,0 +1,65 @@
+// When a stream's worker sleeps, and who wakes it without queuing work
+// (stream.h: worker_asleep, rouse_worker, note_work_at_call_*): launchers
+// run small work at the call while the worker sleeps, and a host that goes
+// on launching rouses it.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+
+#include "ember/runtime/stream.h"
+
+namespace ember::runtime {
+
+void Stream::rouse_worker() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (shut_down_ || stopping_ || rouse_requested_) return;
+  if (worker_ == nullptr) {
+    worker_asleep_.store(false, std::memory_order_release);
+    worker_ = new std::thread([this] { worker_loop(); });
+    return;
+  }
+  if (!worker_asleep_.load(std::memory_order_acquire)) return;
+  rouse_requested_ = true;
+  work_cv_.notify_one();
+}
+
+namespace {
+int64_t steady_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+namespace {
+std::atomic<bool> keep_workers_awake_flag{false};
+}  // namespace
+
+void Stream::keep_workers_awake(bool keep_awake) {
+  keep_workers_awake_flag.store(keep_awake, std::memory_order_relaxed);
+}
+
+bool Stream::workers_kept_awake() {
+  return keep_workers_awake_flag.load(std::memory_order_relaxed);
+}
+
+void Stream::note_work_at_call_done() {
+  burst_last_ns_.store(steady_now_ns(), std::memory_order_relaxed);
+}
+
+void Stream::note_work_at_call_while_asleep() {
+  const int64_t now = steady_now_ns();
+  const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
+  if (now - last > std::chrono::nanoseconds(kBurstGap).count()) {
+    burst_start_ns_.store(now, std::memory_order_relaxed);
+    return;
+  }
+  if (now - burst_start_ns_.load(std::memory_order_relaxed) >=
+      std::chrono::nanoseconds(kRouseAfter).count()) {
+    rouse_worker();
+  }
+}
+
+}  // namespace ember::runtime
