@@ -240,6 +240,7 @@ PYBIND11_MODULE(_C, m) {
     d["packs"] = s.packs;
     d["invalidations"] = s.invalidations;
     d["evictions"] = s.evictions;
+    d["admissions_refused"] = s.admissions_refused;
     d["inference_tensors_refused"] = s.inference_tensors_refused;
     // Which library's packed GEMM runs fp32 GEMMs of more than 16 rows here.
     d["library"] = matmul::mkl_packed_preferred() ? "mkl" : "onednn";

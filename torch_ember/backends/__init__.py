@@ -195,7 +195,9 @@ def benchmark_cache_info() -> dict[str, Any]:
 def packed_weights_info() -> dict[str, int | str]:
     """The prepacked-weight cache of the default GEMM route:
     ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
-    "evictions", "inference_tensors_refused"}`` (counts) and ``"library"``:
+    "evictions", "admissions_refused", "inference_tensors_refused"}`` (counts;
+    ``admissions_refused``: packs not made because the budget was full of
+    packs used as often, docs/backends.md) and ``"library"``:
     whose packed GEMM runs fp32 GEMMs of more than 16 rows on this CPU
     (``"mkl"`` on Intel CPUs, ``"onednn"`` elsewhere). ``"bytes"`` is what
     the byte budget (``packed_weights_limit``) counts: the packed data (MKL's

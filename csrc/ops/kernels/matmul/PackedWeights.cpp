@@ -68,7 +68,14 @@ struct Entry {
   StorageWriteWatch writes;
   std::shared_ptr<const PackedWeight> packed;  // null: seen once, not packed
   std::list<Key>::iterator lru;
+  // How often it was looked up lately (saturating; halved as lookups go by):
+  // what admission weighs a new pack against the packs it would push out.
+  uint8_t uses = 1;
 };
+
+// Most `Entry::uses` counts: a few passes' worth, so that packs of a model no
+// longer run give way within a few passes of the next one.
+constexpr uint8_t kMaxUses = 15;
 
 class PackCache {
  public:
@@ -90,6 +97,7 @@ class PackCache {
     const uint32_t version =
         b.unsafeGetTensorImpl()->version_counter().current_version();
     std::lock_guard<std::mutex> lock(mutex_);
+    age_uses();
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.storage.expired()) {
       // A released storage whose address came back: not the same weight.
@@ -105,6 +113,7 @@ class PackCache {
     }
     Entry& entry = it->second;
     lru_.splice(lru_.begin(), lru_, entry.lru);
+    entry.uses = static_cast<uint8_t>(std::min<int>(entry.uses + 1, kMaxUses));
     if (entry.version != version || entry.writes.written()) {
       // Written since: the old pack (if any) is stale; pack on the next
       // call that sees these contents again.
@@ -122,7 +131,8 @@ class PackCache {
       return entry.packed;
     }
     std::shared_ptr<PackedWeight> packed =
-        reorder ? pack_with(b, kind, *reorder) : pack(b, kind);
+        reorder ? pack_with(b, kind, *reorder, entry.uses)
+                : pack(b, kind, entry.uses);
     if (!packed) return nullptr;
     bytes_ += static_cast<int64_t>(packed->budget_bytes);
     ++packs_;
@@ -142,6 +152,7 @@ class PackCache {
     s.packs = packs_;
     s.invalidations = invalidations_;
     s.evictions = evictions_;
+    s.admissions_refused = admissions_refused_;
     s.inference_tensors_refused =
         inference_refusals_.load(std::memory_order_relaxed);
     return s;
@@ -163,7 +174,8 @@ class PackCache {
     entries_.clear();
     lru_.clear();
     bytes_ = 0;
-    hits_ = packs_ = invalidations_ = evictions_ = 0;
+    hits_ = packs_ = invalidations_ = evictions_ = admissions_refused_ = 0;
+    lookups_since_aging_ = 0;
     inference_refusals_.store(0, std::memory_order_relaxed);
   }
 
@@ -207,6 +219,37 @@ class PackCache {
     }
   }
 
+  // Halves every entry's use count once the lookups since the last halving
+  // reach twice the entries (about two passes over a model's weights).
+  void age_uses() {
+    const auto period =
+        std::max<int64_t>(8, 2 * static_cast<int64_t>(entries_.size()));
+    if (++lookups_since_aging_ < period) return;
+    lookups_since_aging_ = 0;
+    for (auto& [key, entry] : entries_) entry.uses /= 2;
+  }
+
+  // Whether a new pack of `budget` bytes, of a weight used `uses` times
+  // lately, goes in: it fits beside the others, or every pack least recently
+  // used that it would push out is used at least two times less (a tie
+  // keeps the packs held, so they do not churn as the counts age). LRU alone
+  // thrashes when a model's packs exceed the budget: each pass evicts every
+  // pack just before its next use and re-packs it. Refused, the packs held
+  // stay and this weight takes the unpacked route (counted).
+  bool admits(size_t budget, uint8_t uses) {
+    int64_t over = bytes_ + static_cast<int64_t>(budget) - limit_;
+    for (auto key = lru_.rbegin(); over > 0 && key != lru_.rend(); ++key) {
+      const Entry& victim = entries_.find(*key)->second;
+      if (!victim.packed) continue;
+      if (victim.uses + 1 >= uses) {
+        ++admissions_refused_;
+        return false;
+      }
+      over -= static_cast<int64_t>(victim.packed->budget_bytes);
+    }
+    return true;
+  }
+
   void evict_over_limit(std::optional<Key> keep) {
     // Oldest first; the pack just made stays even when it alone exceeds
     // the budget (it was checked against the limit before packing).
@@ -221,14 +264,18 @@ class PackCache {
   }
 
   std::shared_ptr<PackedWeight> pack_with(const at::Tensor& w, PackKind kind,
-                                          const OneDnnReorder& reorder) {
+                                          const OneDnnReorder& reorder,
+                                          uint8_t uses) {
     auto packed = std::make_shared<PackedWeight>();
     packed->kind = kind;
     packed->k = w.size(0);
     packed->n = w.numel() / w.size(0);
     packed->bytes = static_cast<size_t>(w.numel()) * w.element_size();
     packed->budget_bytes = packed->bytes;
-    if (static_cast<int64_t>(packed->budget_bytes) > limit_) return nullptr;
+    if (static_cast<int64_t>(packed->budget_bytes) > limit_ ||
+        !admits(packed->budget_bytes, uses)) {
+      return nullptr;
+    }
     packed->device = w.device().index();
     // Packing reads the weight on this thread: work still queued may be
     // writing it. (Packing runs only on submitting threads, never in
@@ -248,7 +295,8 @@ class PackCache {
     return packed;
   }
 
-  std::shared_ptr<PackedWeight> pack(const at::Tensor& b, PackKind kind) {
+  std::shared_ptr<PackedWeight> pack(const at::Tensor& b, PackKind kind,
+                                     uint8_t uses) {
     auto packed = std::make_shared<PackedWeight>();
     packed->kind = kind;
     packed->k = b.size(0);
@@ -267,7 +315,10 @@ class PackCache {
         kind == PackKind::kMklF32
             ? static_cast<size_t>(packed->k * packed->n) * sizeof(float)
             : packed->bytes;
-    if (static_cast<int64_t>(packed->budget_bytes) > limit_) return nullptr;
+    if (static_cast<int64_t>(packed->budget_bytes) > limit_ ||
+        !admits(packed->budget_bytes, uses)) {
+      return nullptr;
+    }
     const c10::DeviceIndex device = b.device().index();
     packed->device = device;
     wait_before_packing(device);  // as in pack_with
@@ -319,6 +370,8 @@ class PackCache {
   int64_t bytes_ = 0;
   int64_t limit_ = kDefaultLimitBytes;
   int64_t hits_ = 0, packs_ = 0, invalidations_ = 0, evictions_ = 0;
+  int64_t admissions_refused_ = 0;
+  int64_t lookups_since_aging_ = 0;
   std::atomic<int64_t> inference_refusals_{0};  // counted without the lock
 };
 

@@ -81,6 +81,9 @@ struct PackCacheStats {
   int64_t packs = 0;
   int64_t invalidations = 0;  // writes or releases of a packed weight
   int64_t evictions = 0;      // dropped for the byte budget
+  // New packs not made because they would push out packs used as often
+  // (a model whose packs exceed the budget keeps those it has).
+  int64_t admissions_refused = 0;
   // GEMMs on an inference tensor (made under torch.inference_mode(), e.g. a
   // model moved to ember there): not packed, since writes to it cannot be
   // seen (no version counter); they take the unpacked route.
