@@ -134,3 +134,50 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker():
     for _ in range(steps):
         expected = expected * 1.0001
     assert torch.equal(y.cpu(), expected)
+
+
+def _busy_wait(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_host_wait_ends_a_burst_of_work_at_the_call():
+    """A small model called again and again with a host read after each call
+    (a served request) keeps running at the call: each read ends the burst,
+    however short the pause between calls."""
+    _C._engine_keep_workers_awake(False)
+    stream = torch.ember.current_stream()
+    x = torch.randn(64, device="ember")
+    torch.ember.synchronize()
+    _wait_until_the_worker_sleeps(stream)
+    torch_ember.reset_launch_stats()
+    begin = time.monotonic()
+    while time.monotonic() - begin < 0.05:  # far longer than a burst needs
+        y = x * 2
+        z = y + 1
+        z.sum().item()  # the host reads the result
+    assert _launched("aten::mul.Tensor") == 0 and _launched("aten::add.Tensor") == 0
+    assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
+    assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
+
+
+def test_pauses_between_ops_shorter_than_a_millisecond_keep_a_burst_going():
+    """Python between a model's ops (a decode step's mask and cache logic)
+    pauses for hundreds of microseconds without ending the burst."""
+    _C._engine_keep_workers_awake(False)
+    stream = torch.ember.current_stream()
+    x = torch.randn(64, device="ember")
+    torch.ember.synchronize()
+    _wait_until_the_worker_sleeps(stream)
+    torch_ember.reset_launch_stats()
+    y, steps = x, 0
+    deadline = time.monotonic() + 10
+    while _launched("aten::mul.Tensor") == 0:
+        assert time.monotonic() < deadline, "the worker was never roused"
+        _busy_wait(0.0003)
+        y, steps = y * 1.0001, steps + 1
+    expected = x.cpu()
+    for _ in range(steps):
+        expected = expected * 1.0001
+    assert torch.equal(y.cpu(), expected)

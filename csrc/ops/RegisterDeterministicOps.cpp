@@ -70,7 +70,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
         &det::serial_when_deterministic>();
   };
   m.impl("_index_put_impl_", serial());
-  m.impl("index_copy_", serial());
+  // index_copy_ is launched (kernels/HotOps.cpp), serial under the mode.
   m.impl("index_copy", serial());
   m.impl("index_copy.out", serial());
   // Elementwise ops whose vectorised and scalar loops round differently:

@@ -50,6 +50,7 @@ bool Event::query() const {
 
 void Event::synchronize() const {
   if (state_ == nullptr) return;
+  Stream::note_host_wait();
   if (!state_->done.load(std::memory_order_acquire)) stream_->wait_for(*state_);
   std::unique_lock<std::mutex> lock(stream_->mutex_);
   stream_->raise_pending_error(lock);

@@ -410,6 +410,7 @@ void Stream::synchronize() {
         std::to_string(id_) + " of device " + std::to_string(device_index_) +
         ", which is capturing a graph (end the capture first)");
   }
+  note_host_wait();
   wait_queue_for_run();
 }
 
@@ -515,13 +516,13 @@ std::vector<Stream*> snapshot(std::mutex& mutex,
 }  // namespace
 
 void StreamPool::synchronize_all() {
+  Stream::note_host_wait();
   if (!any_work_queued.load(std::memory_order_acquire) &&
       capturing_streams.load(std::memory_order_acquire) == 0) {
     return;
   }
-  // Snapshot so synchronizing (which waits on work that may create streams)
-  // does not hold the lock. Every stream is waited for before the first
-  // pending error is raised.
+  // A snapshot: the waits (on work that may create streams) hold no lock.
+  // Every stream is waited for before the first pending error is raised.
   const std::vector<Stream*> streams = snapshot(mutex_, streams_);
   refuse_wait_during_capture(streams);
   std::exception_ptr first_error;

@@ -35,7 +35,12 @@ int64_t steady_now_ns() {
 
 namespace {
 std::atomic<bool> keep_workers_awake_flag{false};
+std::atomic<uint64_t> host_waits{0};
 }  // namespace
+
+void Stream::note_host_wait() {
+  host_waits.fetch_add(1, std::memory_order_relaxed);
+}
 
 void Stream::keep_workers_awake(bool keep_awake) {
   keep_workers_awake_flag.store(keep_awake, std::memory_order_relaxed);
@@ -52,8 +57,11 @@ void Stream::note_work_at_call_done() {
 void Stream::note_work_at_call_while_asleep() {
   const int64_t now = steady_now_ns();
   const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
-  if (now - last > std::chrono::nanoseconds(kBurstGap).count()) {
+  const uint64_t waits = host_waits.load(std::memory_order_relaxed);
+  if (now - last > std::chrono::nanoseconds(kBurstGap).count() ||
+      waits != burst_host_waits_.load(std::memory_order_relaxed)) {
     burst_start_ns_.store(now, std::memory_order_relaxed);
+    burst_host_waits_.store(waits, std::memory_order_relaxed);
     return;
   }
   if (now - burst_start_ns_.load(std::memory_order_relaxed) >=

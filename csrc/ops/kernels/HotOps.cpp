@@ -10,11 +10,14 @@
 #include <ATen/ops/argmax_ops.h>
 #include <ATen/ops/clamp_min_ops.h>
 #include <ATen/ops/div_ops.h>
+#include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_ops.h>
+#include <ATen/ops/index_copy_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
+#include <ATen/ops/zero_ops.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
@@ -60,6 +63,24 @@ at::Tensor pow_tensor_scalar(T self, S exponent) {
                            kernels::layouts::PowScalar, T, S>(self, exponent);
 }
 
+// index_copy_ (a static KV cache's update, twice per layer and token):
+// launched, so a decode step does not wait for the queue at each cache
+// write; under determinism ATen's kernel serially (repeated indices).
+at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
+                               T source) {
+  if (flags::deterministic()) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_copy_", "");
+    torch::jit::Stack stack{self, dim, index, source};
+    kernels::deterministic::serial_when_deterministic(
+        op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return self;
+  }
+  return unboxed::launched_inplace<ops::index_copy_,
+                                   kernels::layouts::IndexCopyInplace, int64_t,
+                                   T, T>(self, dim, index, source);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
@@ -83,6 +104,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((launched_inplace<ops::add__Tensor, lay::AddInplace, T, S>)));
   m.impl("mul_.Tensor",
          TORCH_FN((launched_inplace<ops::mul__Tensor, lay::MulInplace, T>)));
+  m.impl("index_copy_", TORCH_FN(index_copy_inplace));
+  // torch.full / masked fills: a synchronous fill waited for the queue.
+  m.impl("fill_.Scalar",
+         TORCH_FN((launched_inplace<ops::fill__Scalar, lay::FillInplace, S>)));
+  m.impl("zero_", TORCH_FN((launched_inplace<ops::zero_, lay::ZeroInplace>)));
   // Under determinism these two take a fixed-order path (DeterministicOps).
   m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
   m.impl("_log_softmax",

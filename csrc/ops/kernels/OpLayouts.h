@@ -10,7 +10,10 @@
 #include <ATen/ops/argmax_meta_dispatch.h>
 #include <ATen/ops/clamp_min_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/fill.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/index_copy_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
@@ -46,6 +49,24 @@ struct AddInplace {
 };
 struct MulInplace {
   static void infer(at::Tensor& self, T other) { at::meta::mul_(self, other); }
+};
+// fill_'s one host-side failure, a value its dtype cannot hold (CPU's
+// kernel converts it checked): raised at the call, on one CPU element.
+struct FillInplace {
+  static void infer(at::Tensor& self, S value) {
+    at::empty({}, at::TensorOptions().dtype(self.scalar_type())).fill_(value);
+  }
+};
+// zero_ cannot fail.
+struct ZeroInplace {
+  static void infer(at::Tensor&) {}
+};
+// Shapes, dtypes and the index's rank only: the index values are read when
+// the kernel runs (an index out of range is an asynchronous error).
+struct IndexCopyInplace {
+  static void infer(at::Tensor& self, int64_t dim, T index, T source) {
+    at::meta::index_copy_(self, dim, index, source);
+  }
 };
 // relu is clamp_min(self, 0) on CPU, after refusing bool.
 struct Relu {
