@@ -76,9 +76,9 @@ at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
         op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return self;
   }
-  return unboxed::launched_inplace<ops::index_copy_,
-                                   kernels::layouts::IndexCopyInplace, int64_t,
-                                   T, T>(self, dim, index, source);
+  return unboxed::launched_inplace<
+      ops::index_copy_, kernels::layouts::IndexCopyInplace, int64_t, T, T>(
+      self, dim, index, source);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
