@@ -95,17 +95,30 @@ def _wait_until_the_worker_sleeps(stream):
         time.sleep(0.001)
 
 
-def test_small_work_runs_at_the_call_while_the_worker_sleeps():
-    """Queued behind a sleeping worker, a small op would wait for its
-    wake-up (~150 us on a halted vCPU) where the kernel takes a few: it runs
-    at the call instead, and a short burst after a pause leaves the worker
-    asleep (its polling would take a core from the host's own threads)."""
-    _C._engine_keep_workers_awake(False)  # this test is about the sleep rule
+def _busy_wait(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _a_sleeping_worker():
+    """(stream, x): the current stream, its worker asleep with nothing queued
+    (whatever the queued_launches fixture set), and a small tensor on it."""
+    _C._engine_keep_workers_awake(False)
     stream = torch.ember.current_stream()
     x = torch.randn(64, device="ember")
     torch.ember.synchronize()
     _wait_until_the_worker_sleeps(stream)
     torch_ember.reset_launch_stats()
+    return stream, x
+
+
+def test_small_work_runs_at_the_call_while_the_worker_sleeps():
+    """Queued behind a sleeping worker, a small op would wait for its
+    wake-up (~150 us on a halted vCPU) where the kernel takes a few: it runs
+    at the call instead, and a short burst after a pause leaves the worker
+    asleep (its polling would take a core from the host's own threads)."""
+    stream, x = _a_sleeping_worker()
     y = x * 2
     z = y + 1
     assert _launched("aten::mul.Tensor") == 0 and _launched("aten::add.Tensor") == 0
@@ -114,20 +127,19 @@ def test_small_work_runs_at_the_call_while_the_worker_sleeps():
     assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
 
 
-def test_a_long_burst_of_work_at_the_call_rouses_the_worker():
-    """Once the host has gone on launching without a pause, the worker is
-    woken and what follows is queued again (a decode step overlaps its
-    Python with the kernels)."""
-    _C._engine_keep_workers_awake(False)
-    stream = torch.ember.current_stream()
-    x = torch.randn(64, device="ember")
-    torch.ember.synchronize()
-    _wait_until_the_worker_sleeps(stream)
-    torch_ember.reset_launch_stats()
+@pytest.mark.parametrize("pause", [0.0, 0.0003])
+def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
+    """Once the host has gone on launching without a host wait or a pause
+    over 1 ms, the worker is woken and what follows is queued again (a
+    decode step overlaps its Python with the kernels). Pauses of hundreds
+    of microseconds (a decode step's mask and cache logic in Python) do not
+    end the burst."""
+    _, x = _a_sleeping_worker()
     y, steps = x, 0
     deadline = time.monotonic() + 10
     while _launched("aten::mul.Tensor") == 0:
         assert time.monotonic() < deadline, "the worker was never roused"
+        _busy_wait(pause)
         y, steps = y * 1.0001, steps + 1
     assert steps > 1  # the first ones ran at the call
     expected = x.cpu()
@@ -136,22 +148,11 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker():
     assert torch.equal(y.cpu(), expected)
 
 
-def _busy_wait(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 def test_a_host_wait_ends_a_burst_of_work_at_the_call():
     """A small model called again and again with a host read after each call
     (a served request) keeps running at the call: each read ends the burst,
     however short the pause between calls."""
-    _C._engine_keep_workers_awake(False)
-    stream = torch.ember.current_stream()
-    x = torch.randn(64, device="ember")
-    torch.ember.synchronize()
-    _wait_until_the_worker_sleeps(stream)
-    torch_ember.reset_launch_stats()
+    stream, x = _a_sleeping_worker()
     begin = time.monotonic()
     while time.monotonic() - begin < 0.05:  # far longer than a burst needs
         y = x * 2
@@ -160,24 +161,3 @@ def test_a_host_wait_ends_a_burst_of_work_at_the_call():
     assert _launched("aten::mul.Tensor") == 0 and _launched("aten::add.Tensor") == 0
     assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
     assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
-
-
-def test_pauses_between_ops_shorter_than_a_millisecond_keep_a_burst_going():
-    """Python between a model's ops (a decode step's mask and cache logic)
-    pauses for hundreds of microseconds without ending the burst."""
-    _C._engine_keep_workers_awake(False)
-    stream = torch.ember.current_stream()
-    x = torch.randn(64, device="ember")
-    torch.ember.synchronize()
-    _wait_until_the_worker_sleeps(stream)
-    torch_ember.reset_launch_stats()
-    y, steps = x, 0
-    deadline = time.monotonic() + 10
-    while _launched("aten::mul.Tensor") == 0:
-        assert time.monotonic() < deadline, "the worker was never roused"
-        _busy_wait(0.0003)
-        y, steps = y * 1.0001, steps + 1
-    expected = x.cpu()
-    for _ in range(steps):
-        expected = expected * 1.0001
-    assert torch.equal(y.cpu(), expected)
