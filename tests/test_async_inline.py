@@ -148,16 +148,17 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
     assert torch.equal(y.cpu(), expected)
 
 
-def test_a_host_wait_ends_a_burst_of_work_at_the_call():
-    """A small model called again and again with a host read after each call
-    (a served request) keeps running at the call: each read ends the burst,
-    however short the pause between calls."""
+def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():
+    """A small model called now and then with a host read after each call
+    (a served request) keeps running at the call: after a host wait a pause
+    of 100 us ends the burst (without one, only a pause of 1 ms does)."""
     _, x = _a_sleeping_worker()
     begin, calls = time.monotonic(), 0
     while time.monotonic() - begin < 0.05:  # far longer than a burst needs
         y = x * 2
         z = y + 1
         z.sum().item()  # the host reads the result
+        _busy_wait(0.0003)  # the next request comes 300 us later
         calls += 1
     # Without the rule nearly every call after the first 200 us is queued. A
     # host thread descheduled for over 200 us inside a call (a loaded machine)

@@ -57,11 +57,14 @@ void Stream::note_work_at_call_done() {
 void Stream::note_work_at_call_while_asleep() {
   const int64_t now = steady_now_ns();
   const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
+  // After a host wait the pause that ends the burst is short: a model called
+  // again at once goes on with it, one called now and then starts anew.
   const uint64_t waits = host_waits.load(std::memory_order_relaxed);
-  if (now - last > std::chrono::nanoseconds(kBurstGap).count() ||
-      waits != burst_host_waits_.load(std::memory_order_relaxed)) {
+  const bool waited =
+      burst_host_waits_.exchange(waits, std::memory_order_relaxed) != waits;
+  const auto gap = waited ? kBurstGapAfterHostWait : kBurstGap;
+  if (now - last > std::chrono::nanoseconds(gap).count()) {
     burst_start_ns_.store(now, std::memory_order_relaxed);
-    burst_host_waits_.store(waits, std::memory_order_relaxed);
     return;
   }
   if (now - burst_start_ns_.load(std::memory_order_relaxed) >=

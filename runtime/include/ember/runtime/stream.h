@@ -136,23 +136,23 @@ class Stream final {
   void rouse_worker();
   // Called by a launcher that ran work at the call because the worker was
   // asleep: rouses the worker once the host has gone on launching for
-  // kRouseAfter with no pause longer than kBurstGap and no host wait for
-  // the stream (synchronize() ends a burst): a decode step, a training loop,
-  // a compiled graph called back to back; the work that follows is worth
-  // queuing. Never for a short burst that the host waits for or that a pause
-  // follows (a batch-1 MLP called now and then, which the roused worker's
-  // polling and wake-ups would only slow). The gap is long against the
-  // Python between a model's ops (transformers' decode pauses for 100-500 us
-  // between some of them): a host wait, not a pause, is what ends the
-  // bursts of a model called repeatedly.
+  // kRouseAfter with no pause longer than kBurstGap, or than
+  // kBurstGapAfterHostWait where the host waited for the stream in between
+  // (synchronize, a host read): a decode step, a training loop, a model
+  // called back to back; the work that follows is worth queuing. Never for
+  // a short burst that a pause follows (a batch-1 MLP called now and then,
+  // which the roused worker's polling and wake-ups would only slow). The
+  // plain gap is long against the Python between a model's ops
+  // (transformers' decode pauses for 100-500 us between some of them).
   void note_work_at_call_while_asleep();
   // ... and after that work ran: pauses are measured from here (the work
   // itself is no pause of the host's).
   void note_work_at_call_done();
-  // The host waits for a stream or device (synchronize, a host read): it
-  // ends every stream's burst of work at the call.
+  // The host waits for a stream or device (synchronize, a host read): the
+  // next pause of kBurstGapAfterHostWait ends every stream's burst.
   static void note_host_wait();
   static constexpr std::chrono::microseconds kBurstGap{1000};
+  static constexpr std::chrono::microseconds kBurstGapAfterHostWait{100};
   static constexpr std::chrono::microseconds kRouseAfter{200};
 
   // Destroys, on the calling thread, the work the worker has finished.
@@ -243,7 +243,7 @@ class Stream final {
   // The host's current burst of work run at the call (steady_clock ns).
   std::atomic<int64_t> burst_start_ns_{0};
   std::atomic<int64_t> burst_last_ns_{0};
-  std::atomic<uint64_t> burst_host_waits_{0};  // host waits when it began
+  std::atomic<uint64_t> burst_host_waits_{0};  // host waits last seen
   alignas(64) std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
