@@ -1,14 +1,31 @@
 """ember's own elementwise kernels (ops/kernels/elementwise/): accuracy
 against float64, special values, layouts, and the CPU-parity switch."""
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torch_ember  # noqa: F401
 
 DEVICE = "ember"
 EPS32 = torch.finfo(torch.float32).eps
 be = torch.backends.ember
+
+
+OPS = {
+    "tanh": torch.tanh,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+}
+
+
+def _gelu_tanh64(x):
+    """gelu(approximate="tanh") in float64 as x / (1 + exp(-2u)): the same
+    function as x (1 + tanh(u)) / 2, without its cancellation for x < 0."""
+    x = x.double()
+    return x / (1 + torch.exp(-2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def _ulp_error(out, ref64):
@@ -61,27 +78,32 @@ def test_tanh_special_values():
         "float64",
     ],
 )
-def test_tanh_layouts_match_cpu(make):
+@pytest.mark.parametrize("op", ["tanh", "gelu_tanh"])
+def test_layouts_match_cpu(make, op):
+    fn = OPS[op]
     x = make()
-    out = torch.tanh(x.to(DEVICE))
-    ref = torch.tanh(x)
+    out = fn(x.to(DEVICE))
+    ref = fn(x)
     assert out.shape == ref.shape and out.stride() == ref.stride()
     torch.testing.assert_close(out.cpu(), ref)
 
 
-def test_tanh_autograd_and_reproducible():
+@pytest.mark.parametrize("op", ["tanh", "gelu_tanh"])
+def test_autograd_and_reproducible(op):
+    fn = OPS[op]
     x = torch.randn(1000, requires_grad=True)
     xe = x.detach().to(DEVICE).requires_grad_()
-    torch.tanh(x).sum().backward()
-    torch.tanh(xe).sum().backward()
+    fn(x).sum().backward()
+    fn(xe).sum().backward()
     torch.testing.assert_close(xe.grad.cpu(), x.grad)
-    assert torch.equal(torch.tanh(xe).cpu(), torch.tanh(xe).cpu())
+    assert torch.equal(fn(xe).cpu(), fn(xe).cpu())
 
 
 @pytest.mark.cpu_parity
-def test_tanh_parity_is_bitwise():
+@pytest.mark.parametrize("op", ["tanh", "gelu_tanh", "gelu"])
+def test_parity_is_bitwise(op):
     x = torch.randn(10_000) * 4
-    assert torch.equal(torch.tanh(x.to(DEVICE)).cpu(), torch.tanh(x))
+    assert torch.equal(OPS[op](x.to(DEVICE)).cpu(), OPS[op](x))
 
 
 def test_tanh_route_is_ember_kernel(capfd):
@@ -122,13 +144,61 @@ def test_bf16_tanh_is_the_fp32_kernel_rounded_once(capfd):
     assert torch.equal(out.cpu()[-5:].signbit(), torch.tanh(special).signbit())
 
 
-def test_bf16_tanh_launched_equals_the_call_and_parity_is_cpus():
-    x = torch.randn(3, 3072).bfloat16()
+@pytest.mark.parametrize("op", ["tanh", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_launched_equals_the_call_and_parity_is_cpus(op, dtype):
+    fn = OPS[op]
+    x = torch.randn(3, 3072).to(dtype)
     xe = x.to(DEVICE)
     with be.flags(async_execution=False):
-        at_call = torch.tanh(xe).cpu()
+        at_call = fn(xe).cpu()
     with be.flags(async_execution=True):
-        launched = torch.tanh(xe).cpu()
+        launched = fn(xe).cpu()
     assert torch.equal(at_call, launched)
     with be.flags(cpu_parity=True):
-        assert torch.equal(torch.tanh(xe).cpu(), torch.tanh(x))
+        assert torch.equal(fn(xe).cpu(), fn(x))
+
+
+def test_gelu_tanh_accurate_where_cpus_is_not():
+    """Within 8 ulp of float64 for |x| <= 3 and 2e-5 relative out to -12,
+    results of 1e-30 included (CPU's kernel: 100+ ulp at |x| <= 3, and 0
+    for a result of 1e-10 at x = -6); within CPU's own tolerance of CPU's
+    result everywhere."""
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's vector kernels need AVX-512F")
+    x = torch.cat([torch.linspace(-12, 12, 400_001), torch.randn(50_000) * 1e-3])
+    out = F.gelu(x.to(DEVICE), approximate="tanh").cpu()
+    ref = _gelu_tanh64(x)
+    near = x.abs() <= 3
+    assert _ulp_error(out[near], ref[near]) <= 8.0
+    tail = (x < -3) & (ref.abs() > 1e-30)
+    assert ((out[tail].double() - ref[tail]).abs() <= 2e-5 * ref[tail].abs()).all()
+    torch.testing.assert_close(out, F.gelu(x, approximate="tanh"))
+
+
+def test_gelu_tanh_special_values_and_route(capfd):
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's vector kernels need AVX-512F")
+    x = torch.tensor(
+        [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-40, -1e-40, -30.0, 88.0]
+    )
+    with be.verbose(1):
+        out = F.gelu(x.to(DEVICE), approximate="tanh").cpu()
+    assert "ember/gelu_tanh" in capfd.readouterr().err
+    ref = F.gelu(x, approximate="tanh")  # inf -> inf, -inf -> NaN, as CPU's
+    assert torch.equal(out.signbit(), ref.signbit())
+    torch.testing.assert_close(out, ref, equal_nan=True, rtol=0, atol=0)
+    # The erf form stays CPU's kernel.
+    with be.verbose(1):
+        F.gelu(x.to(DEVICE))
+    assert "ember/gelu" not in capfd.readouterr().err
+
+
+def test_bf16_gelu_tanh_is_the_fp32_kernel_rounded_once():
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's vector kernels need AVX-512F")
+    x = torch.cat([torch.linspace(-8, 8, 100_003), torch.randn(20_000) * 1e-3]).bfloat16()
+    out = F.gelu(x.to(DEVICE), approximate="tanh").cpu()
+    fp32 = F.gelu(x.float().to(DEVICE), approximate="tanh").cpu()
+    assert torch.equal(out.view(torch.int16), fp32.bfloat16().view(torch.int16))
+    torch.testing.assert_close(out, F.gelu(x, approximate="tanh"))

@@ -13,6 +13,7 @@
 #include "ops/CpuAlias.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/DeterministicOps.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/elementwise/VectorMath.h"
@@ -41,15 +42,47 @@ std::optional<at::MemoryFormat> own_kernel_layout(const at::Tensor& self) {
   return flat_layout(self);
 }
 
-// ember's tanh over x's elements into `out` (same dtype, flat layouts).
-void tanh_into(const at::Tensor& x, const at::Tensor& out) {
+// One of ember's vector kernels over x's elements into `out` (same dtype,
+// flat layouts).
+using UnaryF32 = void (*)(const float*, float*, int64_t);
+using UnaryBf16 = void (*)(const uint16_t*, uint16_t*, int64_t);
+
+void map_into(const at::Tensor& x, const at::Tensor& out, UnaryF32 f32,
+              UnaryBf16 bf16) {
   if (x.scalar_type() == at::kBFloat16) {
-    tanh_bf16(static_cast<const uint16_t*>(x.const_data_ptr()),
-              static_cast<uint16_t*>(out.mutable_data_ptr()), x.numel());
+    bf16(static_cast<const uint16_t*>(x.const_data_ptr()),
+         static_cast<uint16_t*>(out.mutable_data_ptr()), x.numel());
   } else {
-    tanh_f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(),
-             x.numel());
+    f32(x.const_data_ptr<float>(), out.mutable_data_ptr<float>(), x.numel());
   }
+}
+
+// `self` through a vector kernel (the flat `layout` own_kernel_layout
+// found): launched on the stream where the engine launches, else at the
+// call (replayable in a graph). `name` is the op's, `route` the kernel's.
+at::Tensor own_unary(const at::Tensor& self, at::MemoryFormat layout,
+                     const std::string& name, const char* route, UnaryF32 f32,
+                     UnaryBf16 bf16) {
+  observe::mark_path(observe::ExecutionPath::kNative, route);
+  if (launch_async()) {
+    at::Tensor out = at::empty(self.sizes(), self.options(), layout);
+    const bool queued = launch_on_device(
+        self.device().index(), name.c_str(),
+        [x = cpu_alias(self), out_cpu = cpu_alias(out), f32, bf16]() {
+          map_into(x, out_cpu, f32, bf16);
+        },
+        out.numel());
+    if (queued) count_launch(name);
+    return out;
+  }
+  return unboxed::custom<at::Tensor>(
+      name.c_str(),
+      unboxed::replayable([layout, f32, bf16](const at::Tensor& x) {
+        at::Tensor result = at::empty(x.sizes(), x.options(), layout);
+        map_into(x, result, f32, bf16);
+        return result;
+      }),
+      self);
 }
 
 }  // namespace
@@ -61,29 +94,20 @@ at::Tensor tanh(const at::Tensor& self) {
                              unboxed::OutForm<at::_ops::tanh_out>,
                              layouts::Tanh, const at::Tensor&>(self);
   }
-  if (launch_async()) {
-    at::Tensor out = at::empty(self.sizes(), self.options(), *layout);
-    static const std::string name = "aten::tanh";
-    observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
-    const bool queued = launch_on_device(
-        self.device().index(), name.c_str(),
-        [x = cpu_alias(self), out_cpu = cpu_alias(out)]() mutable {
-          tanh_into(x, out_cpu);
-        },
-        out.numel());
-    if (queued) count_launch(name);
-    return out;
+  static const std::string name = "aten::tanh";
+  return own_unary(self, *layout, name, "ember/tanh", tanh_f32, tanh_bf16);
+}
+
+// GELU's tanh form (CPU's vector kernel: ~4.5x ember's time); the erf
+// form, and deterministic mode (CPU's kernel run serially), stay CPU's.
+at::Tensor gelu(const at::Tensor& self, c10::string_view approximate) {
+  const std::optional<at::MemoryFormat> layout = own_kernel_layout(self);
+  if (!layout || approximate != "tanh" || flags::deterministic()) {
+    return deterministic::gelu(self, approximate);
   }
-  at::Tensor out = unboxed::custom<at::Tensor>(
-      "aten::tanh",
-      unboxed::replayable([format = *layout](const at::Tensor& x) {
-        at::Tensor result = at::empty(x.sizes(), x.options(), format);
-        tanh_into(x, result);
-        return result;
-      }),
-      self);
-  observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
-  return out;
+  static const std::string name = "aten::gelu";
+  return own_unary(self, *layout, name, "ember/gelu_tanh", gelu_tanh_f32,
+                   gelu_tanh_bf16);
 }
 
 }  // namespace ember::kernels

@@ -40,39 +40,45 @@ __attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// tanh: near zero its odd Taylor series to x^17 (for |x| < 0.55 the next
-// term is below 1e-8 relative); elsewhere 1 - 2 / (exp(2|x|) + 1) with the
-// sign of x (|x| clamped at 10, where tanh is 1 in fp32). NaN and +-0 come
-// back as they are (the polynomial would turn -0 into +0).
+// 1 / d to ~2^-28 relative (rcp14 and one Newton step) for finite d != 0.
+__attribute__((target("avx512f"))) inline __m512 reciprocal_ps(__m512 d) {
+  const __m512 r = _mm512_rcp14_ps(d);
+  return _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.0f)));
+}
+
+// tanh(x) = sign(x) m / (m + 2) with m = expm1(2|x|) (|x| clamped at 10,
+// where tanh is 1 in fp32): one formula for every x, accurate relative to
+// the result near 0 as elsewhere, no blend of two. expm1(a) = 2^n expm1(r)
+// + (2^n - 1) for a = n ln2 + r, |r| <= ln2 / 2, with expm1(r) by its
+// Taylor polynomial to r^8 and the sum rounded once (fmadd). NaN stays NaN
+// (min keeps its second operand's NaN), -0 stays -0 (the sign is or-ed
+// back). Half the instructions of the two-formula version it replaced:
+// 23.5 against 34 cycles per 16 floats in L1 on an Intel Xeon (SLEEF's:
+// 22).
 __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
-  const __m512 ax = _mm512_abs_ps(x);
-  const __m512 x2 = _mm512_mul_ps(x, x);
-  __m512 p = _mm512_set1_ps(6404582.0f / 10854718875.0f);
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-929569.0f / 638512875.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(21844.0f / 6081075.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1382.0f / 155925.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(62.0f / 2835.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-17.0f / 315.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.0f / 15.0f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.0f / 3.0f));
-  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, x2), x, x);
-
-  const __m512 e = exp_ps(_mm512_mul_ps(
-      _mm512_min_ps(ax, _mm512_set1_ps(10.0f)), _mm512_set1_ps(2.0f)));
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512 large = _mm512_sub_ps(
-      one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
-  const __mmask16 negative =
-      _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-  large = _mm512_mask_sub_ps(large, negative, _mm512_setzero_ps(), large);
-
-  const __mmask16 use_small =
-      _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.55f), _CMP_LT_OQ);
-  const __mmask16 as_is =
-      _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q) |
-      _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_EQ_OQ);
-  return _mm512_mask_blend_ps(use_small | as_is, large,
-                              _mm512_mask_blend_ps(as_is, small, x));
+  const __m512 ax = _mm512_min_ps(_mm512_set1_ps(10.0f), _mm512_abs_ps(x));
+  const __m512 a = _mm512_add_ps(ax, ax);
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(a, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), a);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(1.0f / 40320);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 5040));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 720));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 120));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 24));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 6));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(0.5f));
+  const __m512 expm1_r = _mm512_fmadd_ps(_mm512_mul_ps(q, r), r, r);
+  const __m512 two_n = _mm512_scalef_ps(_mm512_set1_ps(1.0f), n);
+  const __m512 m = _mm512_fmadd_ps(expm1_r, two_n,
+                                   _mm512_sub_ps(two_n, _mm512_set1_ps(1.0f)));
+  const __m512 y =
+      _mm512_mul_ps(m, reciprocal_ps(_mm512_add_ps(m, _mm512_set1_ps(2.0f))));
+  const __m512i sign =
+      _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(y), sign));
 }
 
 // exp(d) for d <= 0, flushed to 0 below `lowest` (and for -inf).
@@ -80,19 +86,6 @@ __attribute__((target("avx512f"))) inline __m512 exp_or_zero(__m512 d,
                                                              __m512 lowest) {
   const __mmask16 keep = _mm512_cmp_ps_mask(d, lowest, _CMP_GE_OQ);
   return _mm512_maskz_mov_ps(keep, exp_ps(_mm512_max_ps(d, lowest)));
-}
-
-__attribute__((target("avx512f"))) void tanh_chunk(const float* in, float* out,
-                                                   int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm512_storeu_ps(out + i, tanh_ps(_mm512_loadu_ps(in + i)));
-  }
-  if (i < n) {
-    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(out + i, tail,
-                          tanh_ps(_mm512_maskz_loadu_ps(tail, in + i)));
-  }
 }
 
 // 16 bf16 values (raw bits) as fp32: exact.
@@ -115,15 +108,67 @@ __attribute__((target("avx512f"))) inline __m256i narrow_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(rounded);
 }
 
-__attribute__((target("avx512f"))) void tanh_bf16_chunk(const uint16_t* in,
-                                                        uint16_t* out,
-                                                        int64_t n) {
+// GELU, tanh form: x (1 + tanh(u)) / 2 with u = sqrt(2/pi) (x + 0.044715
+// x^3), computed as x / (1 + exp(-2u)) (the same function, with no 1 + tanh
+// cancellation for negative x). exp's argument is clamped to [-104, 100]:
+// past 100 it is inf, so x * 0 is -0 for large negative x and NaN for -inf,
+// as CPU's 0.5 x (1 + tanh(u)) gives them.
+__attribute__((target("avx512f"))) inline __m512 gelu_tanh_ps(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 u =
+      _mm512_mul_ps(_mm512_fmadd_ps(x3, _mm512_set1_ps(0.044715f), x),
+                    _mm512_set1_ps(0.79788456080286536f));
+  const __m512 arg =
+      _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)),
+                                  _mm512_set1_ps(-104.0f)),
+                    _mm512_set1_ps(100.0f));
+  const __m512 denominator = _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(arg));
+  // 1 / inf is 0 (rcp14), not NaN as the Newton step would make it.
+  const __mmask16 finite =
+      _mm512_cmp_ps_mask(denominator, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+  return _mm512_mul_ps(x,
+                       _mm512_maskz_mov_ps(finite, reciprocal_ps(denominator)));
+}
+
+// f over n floats (`in` and `out` may be the same array).
+template <__m512 (*f)(__m512)>
+__attribute__((target("avx512f"))) void map_f32_chunk(const float* in,
+                                                      float* out, int64_t n) {
+  int64_t i = 0;
+  // Four independent vectors per step: f is one long dependency chain
+  // (~130 cycles of latency), which one vector at a time left the FMA
+  // pipes mostly idle (~45 cycles per vector; ~2x fewer this way).
+  for (; i + 64 <= n; i += 64) {
+    const __m512 a = f(_mm512_loadu_ps(in + i));
+    const __m512 b = f(_mm512_loadu_ps(in + i + 16));
+    const __m512 c = f(_mm512_loadu_ps(in + i + 32));
+    const __m512 d = f(_mm512_loadu_ps(in + i + 48));
+    _mm512_storeu_ps(out + i, a);
+    _mm512_storeu_ps(out + i + 16, b);
+    _mm512_storeu_ps(out + i + 32, c);
+    _mm512_storeu_ps(out + i + 48, d);
+  }
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(out + i, f(_mm512_loadu_ps(in + i)));
+  }
+  if (i < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(out + i, tail,
+                          f(_mm512_maskz_loadu_ps(tail, in + i)));
+  }
+}
+
+// f over n bf16 values (raw bits): computed in fp32, rounded once.
+template <__m512 (*f)(__m512)>
+__attribute__((target("avx512f"))) void map_bf16_chunk(const uint16_t* in,
+                                                       uint16_t* out,
+                                                       int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m256i x =
         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i),
-                        narrow_bf16(tanh_ps(widen_bf16(x))));
+                        narrow_bf16(f(widen_bf16(x))));
   }
   if (i < n) {  // the tail through a zeroed block of 16
     alignas(32) uint16_t block[16] = {};
@@ -131,9 +176,23 @@ __attribute__((target("avx512f"))) void tanh_bf16_chunk(const uint16_t* in,
     const __m256i x =
         _mm256_load_si256(reinterpret_cast<const __m256i*>(block));
     _mm256_store_si256(reinterpret_cast<__m256i*>(block),
-                       narrow_bf16(tanh_ps(widen_bf16(x))));
+                       narrow_bf16(f(widen_bf16(x))));
     std::copy(block, block + (n - i), out + i);
   }
+}
+
+template <__m512 (*f)(__m512)>
+void map_f32(const float* in, float* out, int64_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
+    map_f32_chunk<f>(in + begin, out + begin, end - begin);
+  });
+}
+
+template <__m512 (*f)(__m512)>
+void map_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
+    map_bf16_chunk<f>(in + begin, out + begin, end - begin);
+  });
 }
 
 }  // namespace
@@ -269,15 +328,19 @@ bool vector_math_supported() {
 }
 
 void tanh_f32(const float* in, float* out, int64_t n) {
-  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
-    tanh_chunk(in + begin, out + begin, end - begin);
-  });
+  map_f32<tanh_ps>(in, out, n);
 }
 
 void tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
-  parallel_chunks(n, kGrain, [&](int64_t begin, int64_t end) {
-    tanh_bf16_chunk(in + begin, out + begin, end - begin);
-  });
+  map_bf16<tanh_ps>(in, out, n);
+}
+
+void gelu_tanh_f32(const float* in, float* out, int64_t n) {
+  map_f32<gelu_tanh_ps>(in, out, n);
+}
+
+void gelu_tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  map_bf16<gelu_tanh_ps>(in, out, n);
 }
 
 }  // namespace ember::kernels

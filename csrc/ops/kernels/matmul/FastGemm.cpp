@@ -17,6 +17,7 @@
 #include "ops/DeviceScope.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/elementwise/VectorMath.h"
 #include "ops/kernels/matmul/MklPackedGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/matmul/SkinnyGemm.h"
@@ -138,7 +139,13 @@ void apply_epilogue(float* c, int64_t m, int64_t n, int64_t ldc,
       out.copy_(at::gelu(out));
       break;
     case Epilogue::kGeluTanh:
-      out.copy_(at::gelu(out, "tanh"));
+      if (kernels::vector_math_supported()) {
+        for (int64_t row = 0; row < m; ++row) {
+          kernels::gelu_tanh_f32(c + row * ldc, c + row * ldc, n);
+        }
+      } else {
+        out.copy_(at::gelu(out, "tanh"));
+      }
       break;
     case Epilogue::kNone:
       break;
