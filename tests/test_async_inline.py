@@ -36,13 +36,6 @@ INLINE_NUMEL = 1 << 16
     ],
 )
 def test_a_large_result_runs_at_the_call_on_an_idle_stream_and_queues_behind_work(name, fn, unit):
-    # (A large mul would otherwise be held to run fused with the elementwise
-    # ops after it: tests/test_elementwise_fusion.py.)
-    with torch.backends.ember.flags(fuse_elementwise=False):
-        _large_result_at_the_call(fn, unit)
-
-
-def _large_result_at_the_call(fn, unit):
     torch.manual_seed(0)
     x = torch.randn(INLINE_NUMEL // 128, 128).to("ember")
     w = torch.randn(128, 128).to("ember")

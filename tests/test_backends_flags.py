@@ -27,10 +27,6 @@ SWITCHES = {
         lambda: be.async_execution,
         lambda v: setattr(be, "async_execution", v),
     ),
-    "fuse_elementwise": (
-        lambda: be.fuse_elementwise,
-        lambda v: setattr(be, "fuse_elementwise", v),
-    ),
     "cpu_parity": (lambda: be.cpu_parity, lambda v: setattr(be, "cpu_parity", v)),
     "packed_weights_limit": (
         lambda: be.packed_weights_limit,
@@ -56,7 +52,6 @@ SWITCHES = {
 
 DEFAULTS = {
     "async_execution": len(os.sched_getaffinity(0)) >= 2,
-    "fuse_elementwise": True,
     "cpu_parity": False,
     "deterministic": False,
     "benchmark": False,
@@ -73,7 +68,6 @@ DEFAULTS = {
 _OTHER_BLAS = next((b for b in be.available_blas_libraries() if b != "default"), "default")
 CHANGED = {
     "async_execution": False,
-    "fuse_elementwise": False,
     "cpu_parity": True,
     "packed_weights_limit": 12345,
     "deterministic": True,
@@ -143,8 +137,7 @@ def test_surface_covers_every_flags_keyword():
 def test_defaults_in_a_fresh_process(run_python):
     code = (
         "import json, torch, torch_ember; be = torch.backends.ember; print(json.dumps({"
-        "'async_execution': be.async_execution, 'fuse_elementwise': be.fuse_elementwise, "
-        "'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
+        "'async_execution': be.async_execution, 'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
         "'benchmark_limit': be.benchmark_limit, 'fallback': be.fallback, "
         "'matmul_fp32_precision': be.matmul.fp32_precision, "
         "'conv_fp32_precision': be.conv.fp32_precision, "
@@ -157,7 +150,6 @@ def test_defaults_in_a_fresh_process(run_python):
         "EMBER_VERBOSE": None,
         "EMBER_CPU_PARITY": None,
         "EMBER_ASYNC": None,
-        "EMBER_FUSE_ELEMENTWISE": None,
         "EMBER_LAUNCH_BLOCKING": None,
     }
     result = run_python(code, env=env)

@@ -49,7 +49,6 @@ def _flags() -> dict[str, Any]:
     be = ember_backends
     return {
         "async_execution": _safe(lambda: be.async_execution),
-        "fuse_elementwise": _safe(lambda: be.fuse_elementwise),
         "cpu_parity": _safe(lambda: be.cpu_parity),
         "packed_weights_limit": _safe(lambda: be.packed_weights_limit),
         "deterministic": _safe(lambda: be.deterministic),
@@ -232,7 +231,6 @@ def render(info: dict[str, Any]) -> str:
     lines += _rows(
         [
             ("async_execution", flags["async_execution"]),
-            ("fuse_elementwise", flags["fuse_elementwise"]),
             ("cpu_parity", flags["cpu_parity"]),
             ("packed_weights_limit", flags["packed_weights_limit"]),
             ("deterministic", deterministic),

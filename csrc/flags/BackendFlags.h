@@ -42,13 +42,6 @@ void set_cpu_parity(bool on);
 bool async_execution();
 void set_async_execution(bool on);
 
-// Elementwise fusion at run time (ops/HeldElementwise.h): large elementwise
-// results are held by their stream and consecutive ones run range by range.
-// On by default; EMBER_FUSE_ELEMENTWISE=0/1 decides at start-up. Never
-// changes a result.
-bool fuse_elementwise();
-void set_fuse_elementwise(bool on);
-
 // Determinism: ember's own switch or torch.use_deterministic_algorithms.
 bool deterministic();
 bool deterministic_flag();  // ember's switch alone

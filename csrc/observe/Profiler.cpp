@@ -264,10 +264,6 @@ class EmberProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
 
 }  // namespace
 
-bool recording_device_activity() {
-  return g_recording.load(std::memory_order_acquire) != nullptr;
-}
-
 std::optional<LaunchTrace> trace_launch(int64_t stream) {
   EmberProfilerSession* session = g_recording.load(std::memory_order_acquire);
   if (session == nullptr || t_frames.empty()) return std::nullopt;

@@ -35,8 +35,6 @@ struct LaunchTrace {
 // activity; otherwise the op's host interval is not recorded (the worker
 // records the work instead).
 std::optional<LaunchTrace> trace_launch(int64_t stream);
-// Whether a session records PrivateUse1 activity (device events per op).
-bool recording_device_activity();
 // Called by the worker: the launched work ran on `device` from start_ns to
 // end_ns.
 void record_launched(const LaunchTrace& trace, int device, int64_t start_ns,

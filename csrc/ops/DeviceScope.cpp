@@ -94,9 +94,6 @@ int64_t inline_result_numel() {
 }
 
 bool runs_at_call(runtime::Stream& stream, int64_t result_numel) {
-  // Held elementwise work runs first, here: what follows decides as on the
-  // idle stream it leaves.
-  if (stream.holds_only()) stream.run_held();
   if (result_numel >= inline_result_numel()) return stream.query();
   if (!stream.worker_asleep()) return false;
   stream.note_work_at_call_while_asleep();

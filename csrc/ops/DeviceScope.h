@@ -10,7 +10,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <functional>
-#include <memory>
 #include <utility>
 
 #include "core/CpuAllocationCapture.h"
@@ -19,7 +18,6 @@
 #include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
 #include "observe/Profiler.h"
-#include "ops/HeldElementwise.h"
 #include "ops/LaunchStats.h"
 #include "ops/WithDevice.h"
 #include "ops/kernels/SerialScope.h"
@@ -50,7 +48,6 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
       capture::refuse(observe::t_current_op ? observe::t_current_op : "an op",
                       "it runs synchronously and has no replayable form yet");
     }
-    if (stream.holds_only()) stream.run_held();  // no queue to wait for
     if (!stream.query()) [[unlikely]]
       count_wait(observe::t_current_op);
     stream.run(std::forward<Work>(work));
@@ -167,32 +164,15 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
 // `result_numel` >= inline_result_numel() elements is instead computed at
 // the call (false returned; not while the stream captures a graph, which
 // records every launched unit).
-//
-// Elementwise work that gives `ranges` (ops/HeldElementwise.h) and would
-// run at the call is held by the stream instead, to run fused with the
-// elementwise work after it (false returned; counted as held).
 template <class Work>
-bool launch_on_device(
-    c10::DeviceIndex device, const char* name, Work work,
-    int64_t result_numel = 0,
-    std::shared_ptr<const runtime::RangeWork> ranges = nullptr) {
+bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
+                      int64_t result_numel = 0) {
   bool queued = true;
   with_device_current(device, [&] {
     runtime::Stream& stream = runtime::device(device).streams().current();
     // A capturing stream records the unit as it is queued (Stream::enqueue);
     // a recorded unit carries no profiler trace of its capture.
     const bool capturing = capture::underway() && stream.capture() != nullptr;
-    if (ranges != nullptr && !capturing &&
-        result_numel >= inline_result_numel() &&
-        (stream.query() || stream.holds_only()) && holds_elementwise()) {
-      queued = false;
-      stream.hold(name,
-                  LaunchedWork<Work>{device, launching_thread_count(device),
-                                     std::nullopt, std::move(work)},
-                  std::move(ranges));
-      count_hold(name);
-      return;
-    }
     if (!capturing && runs_at_call(stream, result_numel)) {
       queued = false;
       run_launched_inline(stream, name, device, std::ref(work));
@@ -220,7 +200,6 @@ void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
     runtime::Stream& stream = runtime::device(device).streams().current();
     runtime::CapturedGraph* graph =
         capture::underway() ? stream.capture() : nullptr;
-    if (stream.holds_only()) stream.run_held();
     if (!stream.query()) [[unlikely]]
       count_wait(observe::t_current_op);
     stream.run(std::forward<Work>(work));

@@ -21,11 +21,6 @@ void count_launch(const std::string& op) {
   ++stats()[op].launched;
 }
 
-void count_hold(const std::string& op) {
-  std::lock_guard<std::mutex> lock(stats_mutex);
-  ++stats()[op].held;
-}
-
 void count_wait(const char* op) {
   std::lock_guard<std::mutex> lock(stats_mutex);
   ++stats()[op != nullptr ? op : "(unnamed work)"].waited;

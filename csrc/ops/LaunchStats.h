@@ -1,7 +1,6 @@
 // What the execution engine did, per operator: ops launched asynchronously,
 // and synchronous ops that had to wait for queued work first (where the
-// engine still waits: each such op drains its stream), and elementwise ops
-// held to run fused. Listed by
+// engine still waits: each such op drains its stream). Listed by
 // torch.ember.engine_stats().
 #pragma once
 
@@ -12,9 +11,6 @@
 namespace ember {
 
 void count_launch(const std::string& op);
-// An elementwise op held by its stream to run fused with the ones after it
-// (ops/HeldElementwise.h).
-void count_hold(const std::string& op);
 // A synchronous op (`op`: its name, or null) that found work queued on its
 // stream and waited for it.
 void count_wait(const char* op);
@@ -22,7 +18,6 @@ void count_wait(const char* op);
 struct LaunchCounts {
   int64_t launched = 0;
   int64_t waited = 0;
-  int64_t held = 0;
 };
 std::map<std::string, LaunchCounts> launch_stats();
 void reset_launch_stats();

@@ -16,15 +16,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/add_ops.h>
-#include <ATen/ops/div_ops.h>
 #include <ATen/ops/empty_strided.h>
-#include <ATen/ops/mul_ops.h>
-#include <ATen/ops/pow_ops.h>
-#include <ATen/ops/relu_ops.h>
-#include <ATen/ops/sub_ops.h>
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -33,7 +26,6 @@
 #include <vector>
 
 #include "ops/DeviceScope.h"
-#include "ops/HeldElementwise.h"
 #include "ops/LaunchStats.h"
 #include "ops/StorageWrites.h"
 #include "ops/UnboxedDelegation.h"
@@ -102,98 +94,6 @@ constexpr bool split_free() {
   }
 }
 
-// Launched ops that may be held as elementwise work (ops/HeldElementwise.h),
-// given their arguments: those whose CPU kernel computes every element the
-// same way wherever a range of them begins (the split-free ones: mul, div,
-// relu; add/sub with alpha 1; pow by 2 or 3, which ATen computes as
-// products in its vector and scalar loops alike).
-template <class Op>
-struct HeldAsElementwise {
-  template <class... A>
-  static bool applies(const A&...) {
-    return false;
-  }
-};
-struct AlwaysElementwise {
-  template <class... A>
-  static bool applies(const A&...) {
-    return true;
-  }
-};
-struct ElementwiseWithUnitAlpha {
-  static bool applies(const at::Tensor&, const at::Tensor&,
-                      const at::Scalar& alpha) {
-    return !alpha.isComplex() && alpha.toDouble() == 1.0;
-  }
-};
-template <>
-struct HeldAsElementwise<at::_ops::mul_Tensor> : AlwaysElementwise {};
-template <>
-struct HeldAsElementwise<at::_ops::div_Tensor> : AlwaysElementwise {};
-template <>
-struct HeldAsElementwise<at::_ops::relu> : AlwaysElementwise {};
-template <>
-struct HeldAsElementwise<at::_ops::add_Tensor> : ElementwiseWithUnitAlpha {};
-template <>
-struct HeldAsElementwise<at::_ops::sub_Tensor> : ElementwiseWithUnitAlpha {};
-template <>
-struct HeldAsElementwise<at::_ops::pow_Tensor_Scalar> {
-  static bool applies(const at::Tensor&, const at::Scalar& exponent) {
-    return !exponent.isComplex() &&
-           (exponent.toDouble() == 2.0 || exponent.toDouble() == 3.0);
-  }
-};
-
-// A kept argument as one range of elements of the work: a tensor's range
-// (ops/HeldElementwise.h), anything else as it is.
-inline at::Tensor range_of(const at::Tensor& t, int64_t begin, int64_t end) {
-  return element_range(t, begin, end);
-}
-template <class T>
-const T& range_of(const T& value, int64_t, int64_t) {
-  return value;
-}
-inline const at::Tensor* tensor_or_none(const at::Tensor& t) { return &t; }
-template <class T>
-const at::Tensor* tensor_or_none(const T&) {
-  static const at::Tensor none;
-  return &none;
-}
-
-// The ranges of a launched op held as elementwise work, or nullptr.
-template <class Op, class Kernel, class Kept>
-std::shared_ptr<const runtime::RangeWork> held_ranges(const at::Tensor& out_cpu,
-                                                      const Kept& kept) {
-  const at::ScalarType dtype = out_cpu.scalar_type();
-  if (out_cpu.numel() < inline_result_numel() || !holds_elementwise() ||
-      (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf &&
-       dtype != at::kDouble)) {
-    return nullptr;
-  }
-  const bool applies = std::apply(
-      [](const auto&... a) {
-        return HeldAsElementwise<Op>::applies(use(a)...);
-      },
-      kept);
-  if (!applies) return nullptr;
-  auto memory = std::apply(
-      [&](const auto&... a) {
-        return elementwise_memory(out_cpu, {tensor_or_none(a)...});
-      },
-      kept);
-  if (!memory) return nullptr;
-  return std::make_shared<ElementwiseRanges>(
-      out_cpu.numel(), std::move(*memory),
-      [kept, out_cpu](int64_t begin, int64_t end) {
-        at::Tensor out = element_range(out_cpu, begin, end);
-        std::apply(
-            [&](const auto&... a) {
-              Kernel::run(out, range_of(use(a), begin, end)...);
-            },
-            kept);
-      });
-}
-
 // An op returning one new tensor. `Kernel::run(out, args...)` computes it
 // into `out` (OutForm<its out= overload>, usually), `Meta::infer(args...)`
 // returns the result's layout as a meta tensor.
@@ -220,8 +120,6 @@ at::Tensor launched(Args... args) {
     }
     const c10::DeviceIndex device = call.device();
     out = empty_like_meta(meta, device);
-    auto ranges =
-        recording ? nullptr : held_ranges<Op, Kernel>(cpu_alias(out), kept);
     auto work = [kept = std::move(kept), out_cpu = cpu_alias(out)] {
       const auto run = [&] {
         std::apply(
@@ -243,7 +141,7 @@ at::Tensor launched(Args... args) {
       return out;
     }
     if (!launch_on_device(device, op_name<Op>().c_str(), std::move(work),
-                          out.numel(), std::move(ranges))) {
+                          out.numel())) {
       return out;
     }
   }

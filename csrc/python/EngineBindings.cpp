@@ -140,7 +140,6 @@ void bind_engine(py::module& m) {
       py::dict entry;
       entry["launched"] = counts.launched;
       entry["waited"] = counts.waited;
-      entry["held"] = counts.held;
       stats[py::str(op)] = entry;
     }
     return stats;

@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <cstdlib>
 #include <new>
 #include <string>
 #include <unordered_map>
@@ -114,6 +115,26 @@ Stream::Stream(int device_index, StreamId id, int priority,
 
 Stream::~Stream() { shutdown(); }
 
+bool parse_launch_blocking(const char* value) {
+  if (value == nullptr || *value == '\0') return false;
+  const std::string text(value);
+  if (text == "0") return false;
+  if (text == "1") return true;
+  throw InvalidConfiguration("EMBER_LAUNCH_BLOCKING='" + text +
+                             "' is invalid: expected 0 or 1");
+}
+
+bool launch_blocking() {
+  static const bool blocking = [] {
+    try {
+      return parse_launch_blocking(std::getenv("EMBER_LAUNCH_BLOCKING"));
+    } catch (const InvalidConfiguration&) {
+      return false;  // reported by device_count() (device.cpp)
+    }
+  }();
+  return blocking;
+}
+
 void Stream::enqueue(const char* name, Work work) {
   check_not_forked_broken();
   if ((pending_.load(std::memory_order_acquire) & kErrorFlag) != 0)
@@ -180,22 +201,10 @@ void Stream::spin_for_work() {
   });
 }
 
-void note_work_queued() {
-  if (!any_work_queued.load(std::memory_order_relaxed)) {
-    any_work_queued.store(true, std::memory_order_release);
-  }
-}
-
 // Caller holds mutex_.
 void Stream::push(Item item) {
-  note_work_queued();
-  if (!held_.empty()) [[unlikely]] {  // held work goes first, as one unit
-    const char* name = held_.front().name;
-    std::size_t units = 0;
-    queue_.push_back(Item{name, take_held_as_work(units), false});
-    completed_.fetch_add(units - 1, std::memory_order_relaxed);
-    pending_.fetch_sub(static_cast<int64_t>(units) - 1,
-                       std::memory_order_release);
+  if (!any_work_queued.load(std::memory_order_relaxed)) {
+    any_work_queued.store(true, std::memory_order_release);
   }
   queue_.push_back(std::move(item));
   pending_.fetch_add(1, std::memory_order_release);
@@ -239,10 +248,6 @@ void Stream::worker_loop() {
       if (queue_.empty() && !stopping_) continue;
     }
     if (queue_.empty()) return;  // stopping, and everything ran
-    if (held_running_) [[unlikely]] {
-      // Held work runs on a host thread: what was queued after it waits.
-      work_cv_.wait(lock, [this] { return !held_running_; });
-    }
     Item item = std::move(queue_.front());
     queue_.pop_front();
     const bool skip = !error_.empty() && !item.always_runs;
@@ -280,7 +285,6 @@ void Stream::worker_loop() {
 
 // Caller holds `lock` on mutex_.
 void Stream::wait_idle(std::unique_lock<std::mutex>& lock) {
-  run_held_here(lock);  // held work runs here, on the waiting thread
   if ((pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0) {
     lock.unlock();
     spin_until([this] {
@@ -317,8 +321,7 @@ void Stream::wait_queue_for_run() {
 
 void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
                            CaptureMode mode) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  run_held_here(lock);  // work held before the capture is not part of it
+  std::lock_guard<std::mutex> lock(mutex_);
   if (capture_ != nullptr) {
     throw CaptureError("stream " + std::to_string(id_) + " of device " +
                        std::to_string(device_index_) +
@@ -423,8 +426,7 @@ void Stream::wait_for(const EventState& state) {
 void Stream::shutdown() {
   std::thread* worker = nullptr;
   {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!forked_with_work_in_flight()) run_held_here(lock);
+    std::lock_guard<std::mutex> lock(mutex_);
     shut_down_ = true;
     stopping_ = true;
     worker = worker_;
@@ -449,7 +451,6 @@ bool Stream::reset_in_child() {
   worker_ = nullptr;  // the thread does not exist here; leaked, never joined
   worker_asleep_.store(true, std::memory_order_relaxed);
   rouse_requested_ = false;
-  held_running_ = false;
   idle_waiters_ = room_waiters_ = event_waiters_ = 0;
   stopping_ = false;
   return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0 ||

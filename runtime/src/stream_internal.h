@@ -14,10 +14,6 @@ struct EventState {
   Event::Clock::time_point time{};
 };
 
-// Work was queued or held on some stream: from now on host reads wait for
-// the streams (StreamPool::synchronize_all).
-void note_work_queued();
-
 // Throws ForkedWithWorkInFlight in a child forked while work was queued.
 void check_not_forked_broken();
 

@@ -13,7 +13,6 @@ show each effect)::
     torch.backends.ember.cpu_parity = True          # CPU's kernels, bitwise
 
     torch.backends.ember.deterministic = True       # bitwise across thread counts
-    torch.backends.ember.fuse_elementwise = False   # no run-time elementwise fusion
     torch.backends.ember.benchmark = True           # autotune conv / matmul
     torch.backends.ember.matmul.fp32_precision = "bf16"
     torch.backends.ember.preferred_blas_library("onednn")
@@ -236,10 +235,6 @@ _PROPERTIES: dict[str, tuple[Any, Any]] = {
         _flags.async_execution,
         lambda v: _flags.set_async_execution(_check_bool("async_execution", v)),
     ),
-    "fuse_elementwise": (
-        _flags.fuse_elementwise,
-        lambda v: _flags.set_fuse_elementwise(_check_bool("fuse_elementwise", v)),
-    ),
     "cpu_parity": (
         _flags.cpu_parity,
         lambda v: _flags.set_cpu_parity(_check_bool("cpu_parity", v)),
@@ -321,8 +316,7 @@ def set_flags(**settings: Any) -> dict[str, Any]:
 @contextlib.contextmanager
 def flags(**settings: Any) -> Iterator[None]:
     """Sets several switches for the body and restores all of them on exit,
-    also when the body raises. Keywords: async_execution, fuse_elementwise, cpu_parity,
-    deterministic, benchmark,
+    also when the body raises. Keywords: async_execution, cpu_parity, deterministic, benchmark,
     benchmark_limit, packed_weights_limit, fallback, matmul_fp32_precision, conv_fp32_precision,
     blas_library, verbose, flash_sdp, math_sdp.
 

@@ -5,14 +5,12 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tanh_ops.h>
 
-#include <memory>
 #include <optional>
 #include <string>
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
 #include "ops/CpuAlias.h"
-#include "ops/HeldElementwise.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicOps.h"
@@ -59,31 +57,6 @@ void map_into(const at::Tensor& x, const at::Tensor& out, UnaryF32 f32,
   }
 }
 
-// The ranges of a vector kernel held as elementwise work
-// (ops/HeldElementwise.h), or nullptr.
-std::shared_ptr<const runtime::RangeWork> held_ranges(const at::Tensor& x,
-                                                      const at::Tensor& out,
-                                                      UnaryF32 f32,
-                                                      UnaryBf16 bf16) {
-  if (out.numel() < inline_result_numel() || !holds_elementwise()) {
-    return nullptr;
-  }
-  auto memory = elementwise_memory(out, {&x});
-  if (!memory) return nullptr;
-  return std::make_shared<ElementwiseRanges>(
-      out.numel(), std::move(*memory),
-      [x, out, f32, bf16](int64_t begin, int64_t end) {
-        if (x.scalar_type() == at::kBFloat16) {
-          bf16(static_cast<const uint16_t*>(x.const_data_ptr()) + begin,
-               static_cast<uint16_t*>(out.mutable_data_ptr()) + begin,
-               end - begin);
-        } else {
-          f32(x.const_data_ptr<float>() + begin,
-              out.mutable_data_ptr<float>() + begin, end - begin);
-        }
-      });
-}
-
 // `self` through a vector kernel (the flat `layout` own_kernel_layout
 // found): launched on the stream where the engine launches, else at the
 // call (replayable in a graph). `name` is the op's, `route` the kernel's.
@@ -93,12 +66,12 @@ at::Tensor own_unary(const at::Tensor& self, at::MemoryFormat layout,
   observe::mark_path(observe::ExecutionPath::kNative, route);
   if (launch_async()) {
     at::Tensor out = at::empty(self.sizes(), self.options(), layout);
-    at::Tensor x = cpu_alias(self);
-    at::Tensor out_cpu = cpu_alias(out);
     const bool queued = launch_on_device(
         self.device().index(), name.c_str(),
-        [x, out_cpu, f32, bf16]() { map_into(x, out_cpu, f32, bf16); },
-        out.numel(), held_ranges(x, out_cpu, f32, bf16));
+        [x = cpu_alias(self), out_cpu = cpu_alias(out), f32, bf16]() {
+          map_into(x, out_cpu, f32, bf16);
+        },
+        out.numel());
     if (queued) count_launch(name);
     return out;
   }

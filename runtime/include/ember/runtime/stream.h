@@ -71,35 +71,6 @@ void set_worker_start_hook(WorkerStartHook hook);
 
 struct EventState;
 
-// Work over the elements [0, size()) of its operands that can also run one
-// range of them at a time, the ranges in any order and on any threads:
-// elementwise work, where element i of a result depends on element i of the
-// operands only. A stream may hold such work instead of running it
-// (Stream::hold), so that consecutive units run range by range while a
-// range's data is in cache.
-class RangeWork {
- public:
-  using ByteRange = std::pair<std::uintptr_t, std::uintptr_t>;  // [begin, end)
-  virtual ~RangeWork() = default;
-  virtual int64_t size() const = 0;
-  virtual void run_range(int64_t begin, int64_t end) const = 0;
-  // The memory it reads or writes, one byte range per operand.
-  virtual const std::vector<ByteRange>& memory() const = 0;
-};
-
-// One held unit: `whole` runs all of it (as queued work would: the glue's
-// guards included), `ranges` describes it range by range.
-struct HeldWork {
-  const char* name;
-  std::function<void()> whole;
-  std::shared_ptr<const RangeWork> ranges;
-};
-// Runs held units in stream order (set by the glue, which knows how to run
-// ranges of them together; the default runs each `whole`). An exception
-// ends the run and becomes the stream's asynchronous error.
-using HeldRunner = void (*)(std::vector<HeldWork>& units);
-void set_held_runner(HeldRunner runner);
-
 class Stream final {
  public:
   using Work = std::function<void()>;
@@ -133,25 +104,6 @@ class Stream final {
   // an AsyncError. Runs inline once the engine is shut down. Raises (and
   // queues nothing) when earlier work failed and its error is unreported.
   void enqueue(const char* name, Work work);
-
-  // Holds elementwise work instead of running it now: the launcher found the
-  // stream idle, or holding only. Held work runs, fused range by range where
-  // consecutive units allow (HeldRunner), when anything else happens on the
-  // stream: on the calling thread at the next synchronous run, wait or
-  // run_held(); as one queued unit ahead of the next enqueue (or event).
-  // It counts as pending work meanwhile (query() is false). Never wakes the
-  // worker.
-  void hold(const char* name, Work whole,
-            std::shared_ptr<const RangeWork> ranges);
-  // True when everything pending on the stream is held work.
-  bool holds_only() const {
-    const int64_t held = held_count_.load(std::memory_order_acquire);
-    return held > 0 &&
-           (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == held;
-  }
-  // Runs the held work on the calling thread now (its error, if any, is
-  // raised at the next synchronisation point, as queued work's).
-  void run_held();
 
   // Units of work completed (run or queued).
   uint64_t completed() const {
@@ -259,10 +211,6 @@ class Stream final {
     bool always_runs;  // markers run even after an error
   };
   void push(Item item);
-  // Held work (caller holds mutex_): taken out as one unit of queued work,
-  // or run on the calling thread (the lock released meanwhile).
-  Work take_held_as_work(std::size_t& units);
-  void run_held_here(std::unique_lock<std::mutex>& lock);
   void worker_loop();
   void wait_queue_for_run();
   void wait_idle(std::unique_lock<std::mutex>& lock);
@@ -307,11 +255,6 @@ class Stream final {
   int room_waiters_ = 0;
   int event_waiters_ = 0;
   std::deque<Item> queue_;
-  // Held work (hold()): only behind nothing queued, and behind at most
-  // held work another thread runs (held_running_).
-  std::vector<HeldWork> held_;  // guarded by mutex_
-  std::atomic<int64_t> held_count_{0};
-  bool held_running_ = false;      // a thread runs taken held work (mutex_)
   std::vector<Work> finished_;     // run by the worker, destroyed by submitters
   std::thread* worker_ = nullptr;  // leaked in a forked child
   bool stopping_ = false;
