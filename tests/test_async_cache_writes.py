@@ -1,14 +1,16 @@
 """In-place writes of a decode step's caches are launched, not waited for.
 
 A static KV cache (transformers' ``StaticCache``) is written with
-``index_copy_`` twice per layer and token, and its masks start from
-``torch.full`` (``fill_``) and ``torch.zeros`` (``zero_``). Run synchronously, each of them waited for the
+``index_copy_`` twice per layer and token, its masks start from
+``torch.full`` (``fill_``) and ``torch.zeros`` (``zero_``), and attention
+masks are applied with ``torch.where``. Run synchronously, each of them waited for the
 work queued before it, so a decode step drained the stream's queue a few
 dozen times. These tests show they are launched in stream order, equal to
 their synchronous runs, with argument errors raised at the call.
 """
 
 import time
+import warnings
 
 import pytest
 import torch
@@ -119,3 +121,41 @@ def test_deterministic_index_copy_runs_serially_at_the_call():
         cache.index_copy_(0, index, source)
     assert _stats("aten::index_copy_")["launched"] == 0
     assert cache.cpu().tolist() == [0.0, 3.0, 4.0, 0, 0, 0, 0, 0]
+
+
+def test_where_is_launched_in_stream_order_and_equals_synchronous_execution():
+    x = torch.randn(4, 1, 6, device="ember")
+    scores = torch.randn(4, 5, 6, device="ember")
+    mask = x > 0  # (a comparison runs at its call)
+    _sleep()
+    begin = time.monotonic()
+    scores = scores * 2  # queued behind the sleep: where must see it
+    masked = torch.where(mask, scores, torch.tensor(float("-inf")))  # broadcast, host scalar
+    promoted = torch.where(mask.transpose(1, 2), scores.transpose(1, 2), 2)  # strided
+    assert time.monotonic() - begin < SLEEP / 2  # nothing waited for the queue
+    assert _stats("aten::where.self")["launched"] == 2
+    with torch.backends.ember.flags(async_execution=False):
+        sync_masked = torch.where(mask, scores, torch.tensor(float("-inf")))
+        sync_promoted = torch.where(mask.transpose(1, 2), scores.transpose(1, 2), 2)
+    for launched, synchronous in ((masked, sync_masked), (promoted, sync_promoted)):
+        assert launched.stride() == synchronous.stride() and launched.dtype == synchronous.dtype
+        assert torch.equal(launched.cpu(), synchronous.cpu())
+    cpu = torch.where(mask.cpu(), scores.cpu(), torch.tensor(float("-inf")))
+    assert torch.equal(masked.cpu(), cpu)
+
+
+def test_where_argument_errors_are_cpus_and_a_byte_condition_stays_synchronous():
+    x = torch.randn(3, 4)
+    for condition in (x, torch.ones(3, 5, dtype=torch.bool)):  # not bool; not broadcastable
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.where(condition, x, x)
+        with pytest.raises(RuntimeError) as ember_error:
+            torch.where(condition.to("ember"), x.to("ember"), x.to("ember"))
+        assert str(ember_error.value) == str(cpu_error.value)
+    byte = (x > 0).to(torch.uint8)  # deprecated (CPU warns once): CPU's own path
+    torch_ember.reset_launch_stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.where(byte.to("ember"), x.to("ember"), -x.to("ember"))
+        assert _stats("aten::where.self")["launched"] == 0
+        assert torch.equal(out.cpu(), torch.where(byte, x, -x))

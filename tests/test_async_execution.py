@@ -99,6 +99,8 @@ def test_results_have_the_layout_of_synchronous_execution():
         ("gelu_tanh", lambda x, y: F.gelu(x, approximate="tanh")),
         ("tanh", lambda x, y: torch.tanh(x)),
         ("pow", lambda x, y: x.pow(3.0)),
+        ("where", lambda x, y: torch.where(x > y, x, y)),
+        ("where_promotes", lambda x, y: torch.where((x > 0).t(), x.t(), y.double())),
         ("softmax", lambda x, y: torch.softmax(x, -1)),
         ("log_softmax", lambda x, y: torch.log_softmax(x, 0)),
         ("layer_norm", lambda x, y: F.layer_norm(x, (x.shape[-1],))),

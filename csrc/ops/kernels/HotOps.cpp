@@ -17,6 +17,7 @@
 #include <ATen/ops/pow_ops.h>
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
+#include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
@@ -97,6 +98,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
          TORCH_FN((launched<ops::div_Tensor, SplitFreeOutForm<ops::div_out>,
                             lay::Div, T, T>)));
   m.impl("pow.Tensor_Scalar", TORCH_FN(pow_tensor_scalar));
+  // Attention masks (transformers' decode step: a synchronous where drained
+  // the queue 12 times per token).
+  m.impl("where.self",
+         TORCH_FN((launched<ops::where_self, OutForm<ops::where_self_out>,
+                            lay::Where, T, T, T>)));
   m.impl("argmax",
          TORCH_FN((launched<ops::argmax, SplitFreeOutForm<ops::argmax_out>,
                             lay::Argmax, T, std::optional<int64_t>, bool>)));

@@ -106,6 +106,15 @@ struct Argmax {
   }
 };
 
+// where(condition, self, other) as CPU's where_self_out lays it out: the
+// operands cast to their result type, then a TensorIterator over the three
+// (broadcast, strides following the inputs), run here on meta copies of
+// them. A uint8 condition (deprecated, with a warning) stays synchronous.
+// OpLayouts.cpp.
+struct Where {
+  static at::Tensor infer(T condition, T self, T other);
+};
+
 struct MeanDim {
   static at::Tensor infer(T self, at::OptionalIntArrayRef dim, bool keepdim,
                           std::optional<at::ScalarType> dtype) {
