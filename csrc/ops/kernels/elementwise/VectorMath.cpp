@@ -20,15 +20,22 @@ namespace {
 // Elements per parallel chunk: below it one thread is faster.
 constexpr int64_t kGrain = 16384;
 
-// exp(x) for x in [-87, 88]: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in
-// two for an exact n ln2), exp(r) by its Taylor polynomial to r^7 (error
-// below 2e-9 relative), then scaled by 2^n.
-__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(
+// x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for an exact n ln2):
+// returns r, sets n.
+__attribute__((target("avx512f"))) inline __m512 reduce_by_ln2(__m512 x,
+                                                               __m512& n) {
+  n = _mm512_roundscale_ps(
       _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  return _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+}
+
+// exp(x) for x in [-87, 88]: exp(r) by its Taylor polynomial to r^7 (error
+// below 2e-9 relative), then scaled by 2^n.
+__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
+  __m512 n;
+  const __m512 r = reduce_by_ln2(x, n);
   __m512 p = _mm512_set1_ps(1.0f / 5040);
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
@@ -57,12 +64,8 @@ __attribute__((target("avx512f"))) inline __m512 reciprocal_ps(__m512 d) {
 // 22).
 __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
   const __m512 ax = _mm512_min_ps(_mm512_set1_ps(10.0f), _mm512_abs_ps(x));
-  const __m512 a = _mm512_add_ps(ax, ax);
-  const __m512 n = _mm512_roundscale_ps(
-      _mm512_mul_ps(a, _mm512_set1_ps(1.44269504088896341f)),
-      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), a);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 n;
+  const __m512 r = reduce_by_ln2(_mm512_add_ps(ax, ax), n);
   __m512 q = _mm512_set1_ps(1.0f / 40320);
   q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 5040));
   q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.0f / 720));
