@@ -60,8 +60,8 @@ __attribute__((target("avx512f"))) inline __m512 reciprocal_ps(__m512 d) {
 // Taylor polynomial to r^8 and the sum rounded once (fmadd). NaN stays NaN
 // (min keeps its second operand's NaN), -0 stays -0 (the sign is or-ed
 // back). Half the instructions of the two-formula version it replaced:
-// 23.5 against 34 cycles per 16 floats in L1 on an Intel Xeon (SLEEF's:
-// 22).
+// 23.5-27 against 31-34 cycles per 16 floats in L2 on an Intel Xeon
+// (SLEEF's, CPU's: 21.5-22).
 __attribute__((target("avx512f"))) inline __m512 tanh_ps(__m512 x) {
   const __m512 ax = _mm512_min_ps(_mm512_set1_ps(10.0f), _mm512_abs_ps(x));
   __m512 n;
@@ -138,19 +138,6 @@ template <__m512 (*f)(__m512)>
 __attribute__((target("avx512f"))) void map_f32_chunk(const float* in,
                                                       float* out, int64_t n) {
   int64_t i = 0;
-  // Four independent vectors per step: f is one long dependency chain
-  // (~130 cycles of latency), which one vector at a time left the FMA
-  // pipes mostly idle (~45 cycles per vector; ~2x fewer this way).
-  for (; i + 64 <= n; i += 64) {
-    const __m512 a = f(_mm512_loadu_ps(in + i));
-    const __m512 b = f(_mm512_loadu_ps(in + i + 16));
-    const __m512 c = f(_mm512_loadu_ps(in + i + 32));
-    const __m512 d = f(_mm512_loadu_ps(in + i + 48));
-    _mm512_storeu_ps(out + i, a);
-    _mm512_storeu_ps(out + i + 16, b);
-    _mm512_storeu_ps(out + i + 32, c);
-    _mm512_storeu_ps(out + i + 48, d);
-  }
   for (; i + 16 <= n; i += 16) {
     _mm512_storeu_ps(out + i, f(_mm512_loadu_ps(in + i)));
   }

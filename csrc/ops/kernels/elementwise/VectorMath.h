@@ -22,7 +22,7 @@ void tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n);
 // sqrt(2/pi) (x + 0.044715 x^3), to a few ulp of the result on both sides
 // of 0 (CPU's kernel: ~5x the time); bf16 as tanh_bf16. The erf form stays
 // CPU's: a vector erfc with relative accuracy took more instructions than
-// ATen's (43 vs 37 cycles per 16 floats in L1 on an Intel Xeon).
+// ATen's (43 vs 37 cycles per 16 floats in L2 on an Intel Xeon).
 void gelu_tanh_f32(const float* in, float* out, int64_t n);
 void gelu_tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n);
 
