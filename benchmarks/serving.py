@@ -42,6 +42,7 @@ WORKER = textwrap.dedent(
     import json, os, sys, threading, time
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch, transformers
+    import torch_ember  # noqa: F401  (explicit: torch 2.11 builds load no backend entry point)
     transformers.logging.set_verbosity_error()
     spec = json.loads(sys.argv[1])
     torch.manual_seed(0)
