@@ -142,6 +142,7 @@ bench-breakdown: setup
 
 bench-serving: bench-deps
 	BENCH_COMMAND="make bench-serving" $(PY) benchmarks/serving.py --out docs/bench/serving.md --plot docs/bench/serving.png
+	BENCH_COMMAND="make bench-serving" $(PY) benchmarks/serving.py --graphs --out docs/bench/serving_graphs.md --plot docs/bench/serving_graphs.png
 
 .PHONY: bench-graphs
 

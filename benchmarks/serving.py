@@ -4,6 +4,7 @@ against CPU eager with the same threads. Ratios are measured in one run.
 
     python benchmarks/serving.py                      # BERT-tiny and BERT-base
     python benchmarks/serving.py --models bert-tiny --requests 200 --plot out.png
+    python benchmarks/serving.py --graphs             # each request one graph replay
 
 Each configuration runs in a fresh interpreter (EMBER_DEVICES is read once
 per process): ``replicas`` threads, each with its own copy of the model (the
@@ -12,6 +13,11 @@ to its device's cores with ``torch.ember.use_device_cores``) or all on one
 device owning every core (ember, 1 device) or on CPU, each thread answering
 ``requests`` batch-1 requests after a warm-up. Throughput = all requests /
 wall time. Outputs of every configuration are checked against CPU's.
+
+With ``--graphs`` each ember replica is captured once (``torch.ember.graph``,
+on its own stream) and a request is one ``replay()``: the serving threads
+then share the GIL for one call per request instead of one per op, which is
+what bounds small models served from threads.
 """
 
 from __future__ import annotations
@@ -63,6 +69,21 @@ WORKER = textwrap.dedent(
         m = transformers.BertModel(cfg, add_pooling_layer=False).eval()
         m.load_state_dict(base.state_dict())
         models.append((m.to(d), ids.to(d)))
+    # --graphs: each ember replica captured once (after its warm-up, here on
+    # the main thread) and replayed per request on its own stream: a request
+    # is one replay call, so the serving threads hold the GIL for one call,
+    # not for every op of the model.
+    graphs = []
+    if spec["graphs"] and spec["system"] == "ember":
+        for d, (model, x) in zip(devices, models):
+            index = torch.device(d).index
+            with torch.no_grad(), torch.ember.device(index):
+                for _ in range(spec["warmup"]):
+                    model(input_ids=x)
+                stream, g = torch.ember.Stream(index), torch.ember.EmberGraph()
+                with torch.ember.graph(g, stream=stream):
+                    static_out = model(input_ids=x).last_hidden_state
+            graphs.append((g, stream, static_out))
     barrier = threading.Barrier(replicas + 1)
     errors = []
 
@@ -72,6 +93,17 @@ WORKER = textwrap.dedent(
             if spec["system"] == "ember" and (spec["devices"] > 1 or spec["cores"]):
                 # One serving thread per device, on that device's cores.
                 torch.ember.use_device_cores(i)
+            if graphs:
+                g, stream, static_out = graphs[i]
+                with torch.ember.stream(stream):
+                    g.replay()
+                    if not torch.allclose(static_out.cpu(), reference, atol=1e-3, rtol=1e-3):
+                        errors.append(f"replica {i} on {devices[i]} (graph) differs from CPU")
+                    barrier.wait()
+                    for _ in range(spec["requests"]):
+                        g.replay()
+                    stream.synchronize()
+                return
             with torch.no_grad():
                 for _ in range(spec["warmup"]):
                     model(input_ids=x)
@@ -112,6 +144,7 @@ def run_config(
     requests: int,
     warmup: int,
     cores: str | None = None,
+    graphs: bool = False,
 ) -> dict:
     """``cores``: EMBER_DEVICE_CORES for the run (default: the process's cores
     split evenly between the devices)."""
@@ -123,6 +156,7 @@ def run_config(
         "requests": requests,
         "warmup": warmup,
         "cores": cores,
+        "graphs": graphs,
     }
     env = {**os.environ, "EMBER_DEVICES": str(devices)}
     env.pop("EMBER_DEVICE_CORES", None)
@@ -150,6 +184,11 @@ def main() -> None:
         "--requests", type=int, default=None, help="per replica (default: by model)"
     )
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--graphs",
+        action="store_true",
+        help="ember replicas replay a captured graph per request (torch.ember.graph)",
+    )
     parser.add_argument("--plot", default=None, help="PNG: throughput by configuration")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--out", default=None, help="markdown report (make bench-serving)")
@@ -170,7 +209,9 @@ def main() -> None:
         jobs, desc="serving", unit="config"
     ):
         requests = args.requests or (200 if model == "bert-tiny" else 20)
-        out = run_config(model, system, devices, replicas, requests, args.warmup, cores)
+        out = run_config(
+            model, system, devices, replicas, requests, args.warmup, cores, args.graphs
+        )
         if out["errors"]:
             raise SystemExit(f"{model} {label}: {out['errors']}")
         results.setdefault(model, {})[label] = out["throughput"]
@@ -195,7 +236,7 @@ def main() -> None:
         )
     print("\n" + "\n".join(lines))
     if args.out:
-        write_markdown(args.out, lines, n)
+        write_markdown(args.out, lines, n, args.graphs)
 
     if args.json:
         with open(args.json, "w") as f:
@@ -217,7 +258,7 @@ def main() -> None:
         print(f"\nplot: {args.plot}")
 
 
-def write_markdown(path: str, table: list[str], n: int) -> None:
+def write_markdown(path: str, table: list[str], n: int, graphs: bool) -> None:
     import datetime
 
     from suite.peak import cpu_model
@@ -230,13 +271,26 @@ def write_markdown(path: str, table: list[str], n: int) -> None:
             "Do not edit by hand; rerun the command below to regenerate. -->"
         ),
         "",
-        "# Serving throughput: devices that own their cores",
+        "# Serving throughput: devices that own their cores"
+        + (", requests replayed as graphs" if graphs else ""),
         "",
         (
             f"Generated {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z} by `{command}` "
             f"on {cpu} ({len(os.sched_getaffinity(0))} CPUs)."
         ),
         "",
+        *(
+            [
+                (
+                    "Graphs: every ember replica is captured once after its warm-up "
+                    "(`torch.ember.graph`, its own stream) and each request is one "
+                    "`replay()`; CPU eager runs the model op by op as always."
+                ),
+                "",
+            ]
+            if graphs
+            else []
+        ),
         *table,
         "",
         (
