@@ -6,7 +6,7 @@
 # PrivateUse1 profiler there: both left out of that build). Writes
 # serving_*.md/json and build.log under $OUT (or ./device-out).
 #
-#   run: bash benchmarks/device/serving_scaling.sh [graphs-tiny]
+#   run: bash benchmarks/device/serving_scaling.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
@@ -36,15 +36,6 @@ export PYTHONPATH=$PWD
 # Two CPUs on distinct physical cores: the issue's 2-core target on a quiet machine.
 two=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | head -2 | cut -d, -f1 | paste -sd,)
 echo "2-core partition: CPUs $two"
-case "${1:-all}" in
-  # BERT-tiny at every core with each request one graph replay (serving.py --graphs).
-  graphs-tiny)
-    "$PY" benchmarks/serving.py --models bert-tiny --graphs --replicas "$(nproc)" \
-      --out "$OUT/serving_all_graphs.md" --json "$OUT/serving_all_graphs.json"
-    ;;
-  *)
-    "$PY" benchmarks/serving.py --replicas "$(nproc)" --out "$OUT/serving_all.md" --json "$OUT/serving_all.json"
-    taskset -c "$two" "$PY" benchmarks/serving.py --replicas 2 --out "$OUT/serving_2.md" --json "$OUT/serving_2.json"
-    "$PY" benchmarks/serving.py --replicas 4 --out "$OUT/serving_4.md" --json "$OUT/serving_4.json"
-    ;;
-esac
+"$PY" benchmarks/serving.py --replicas "$(nproc)" --out "$OUT/serving_all.md" --json "$OUT/serving_all.json"
+taskset -c "$two" "$PY" benchmarks/serving.py --replicas 2 --out "$OUT/serving_2.md" --json "$OUT/serving_2.json"
+"$PY" benchmarks/serving.py --replicas 4 --out "$OUT/serving_4.md" --json "$OUT/serving_4.json"
