@@ -3,7 +3,8 @@
 # (the `device` tool; never CI). That machine has Python 3.12 with torch
 # 2.11 and nothing to install from, so this builds ember against its torch
 # after applying torch-2.11.patch (no accelerator-graph registry and no
-# PrivateUse1 profiler there: both left out of that build). Writes
+# PrivateUse1 profiler there: both left out of that build, so serving.py
+# --graphs cannot run there). Writes
 # serving_*.md/json and build.log under $OUT (or ./device-out).
 #
 #   run: bash benchmarks/device/serving_scaling.sh
