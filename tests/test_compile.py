@@ -401,6 +401,21 @@ def test_ember_gemm_op_matches_addmm_on_every_device():
     _assert_close(torch.ops.ember.gemm(None, a, b), a @ b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu", "gelu_tanh"])
+def test_ember_gemm_activation_equals_the_activation_op_bitwise(act):
+    """The epilogue applies the activation ember's own op would (40 x 512 outputs:
+    more than one parallel chunk of the vector kernels), in place."""
+    a, b, bias = _randn(40, 64), _randn(64, 512), _randn(512)
+    plain = torch.ops.ember.gemm(bias, a, b)
+    if act == "relu":
+        expected = torch.relu(plain)
+    else:
+        expected = torch.nn.functional.gelu(
+            plain, approximate="tanh" if act == "gelu_tanh" else "none"
+        )
+    assert torch.equal(torch.ops.ember.gemm(bias, a, b, act), expected)
+
+
 class _GeluNew(torch.nn.Module):
     """transformers' gelu_new, spelled out as GPT-2 spells it."""
 

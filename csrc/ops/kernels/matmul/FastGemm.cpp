@@ -136,15 +136,21 @@ void apply_epilogue(float* c, int64_t m, int64_t n, int64_t ldc,
       out.relu_();
       break;
     case Epilogue::kGeluErf:
-      out.copy_(at::gelu(out));
+      at::gelu_(out);  // in place: no temporary, no second pass to copy back
       break;
     case Epilogue::kGeluTanh:
       if (kernels::vector_math_supported()) {
-        for (int64_t row = 0; row < m; ++row) {
-          kernels::gelu_tanh_f32(c + row * ldc, c + row * ldc, n);
+        // One call over a contiguous product: the kernel splits it between
+        // the threads (a row alone, n floats, stays on one).
+        if (ldc == n) {
+          kernels::gelu_tanh_f32(c, c, m * n);
+        } else {
+          for (int64_t row = 0; row < m; ++row) {
+            kernels::gelu_tanh_f32(c + row * ldc, c + row * ldc, n);
+          }
         }
       } else {
-        out.copy_(at::gelu(out, "tanh"));
+        at::gelu_(out, "tanh");
       }
       break;
     case Epilogue::kNone:
