@@ -93,26 +93,27 @@ WORKER = textwrap.dedent(
             if spec["system"] == "ember" and (spec["devices"] > 1 or spec["cores"]):
                 # One serving thread per device, on that device's cores.
                 torch.ember.use_device_cores(i)
-            if graphs:
+            if graphs:  # warmed up at capture; a request is one replay
                 g, stream, static_out = graphs[i]
-                with torch.ember.stream(stream):
+                context, warmup = torch.ember.stream(stream), 0
+
+                def request():
                     g.replay()
-                    if not torch.allclose(static_out.cpu(), reference, atol=1e-3, rtol=1e-3):
-                        errors.append(f"replica {i} on {devices[i]} (graph) differs from CPU")
-                    barrier.wait()
-                    for _ in range(spec["requests"]):
-                        g.replay()
-                    stream.synchronize()
-                return
-            with torch.no_grad():
-                for _ in range(spec["warmup"]):
-                    model(input_ids=x)
-                out = model(input_ids=x).last_hidden_state.cpu()
-                if not torch.allclose(out, reference, atol=1e-3, rtol=1e-3):
+                    return static_out
+            else:
+                context, warmup = torch.no_grad(), spec["warmup"]
+
+                def request():
+                    return model(input_ids=x).last_hidden_state
+
+            with context:
+                for _ in range(warmup):
+                    request()
+                if not torch.allclose(request().cpu(), reference, atol=1e-3, rtol=1e-3):
                     errors.append(f"replica {i} on {devices[i]} differs from CPU")
                 barrier.wait()
                 for _ in range(spec["requests"]):
-                    model(input_ids=x).last_hidden_state
+                    request()
                 if devices[i] != "cpu":
                     torch.ember.synchronize(torch.device(devices[i]).index)
         except Exception as e:  # reported by the parent; never a hang
