@@ -1,9 +1,11 @@
 """The stream worker and OpenMP (ops/DeviceScope.h, run_split_free): ATen
 kernels whose bits do not depend on their thread split (mul, div, relu,
-argmax, copies, cat, index_select, layer norm) run on the worker with a one-thread team, so the worker never gets a libgomp pool of
-its own beside the host thread's (two pools on the process's cores make
-libgomp throttle both). Also: bf16 decode's ops are launched, bitwise equal
-to running them at the call."""
+argmax, copies, cat, index_select, layer norm) run on the worker with a
+one-thread team, so the worker never gets a libgomp pool of its own beside
+the host thread's (two pools on the process's cores make libgomp throttle
+both); a pool the worker did open (a reduction, a GEMM) ends once the worker
+has idled. Also: bf16 decode's ops are launched, bitwise equal to running
+them at the call."""
 
 import os
 
@@ -15,7 +17,7 @@ import torch_ember
 from torch_ember import _C
 
 POOL_PROBE = """
-import os, torch, torch_ember
+import os, time, torch, torch_ember
 from torch_ember import _C
 torch.set_num_threads(2)
 
@@ -44,7 +46,14 @@ queued(lambda: x.index_select(0, torch.arange(300, device="ember")))
 split_free = threads()
 queued(lambda: x.float().sum(0))  # a reduction keeps the worker's thread count
 reduction = threads()
-print(base, split_free, reduction)
+# idle: the worker gives its team back (runtime's idle hook, 2 ms after work)
+deadline = time.monotonic() + 10
+while threads() > split_free and time.monotonic() < deadline:
+    time.sleep(0.005)
+after_idle = threads()
+queued(lambda: x.float().sum(0))  # the next region starts a fresh team
+again = threads()
+print(base, split_free, reduction, after_idle, again)
 """
 
 
@@ -53,11 +62,14 @@ def test_split_free_kernels_open_no_openmp_pool_on_the_worker(run_python):
         pytest.skip("a one-thread device has no team either way")
     result = run_python(POOL_PROBE, env={"EMBER_DEVICES": "1", "EMBER_ASYNC": "1"})
     assert result.returncode == 0, result.stderr
-    base, split_free, reduction = map(int, result.stdout.split())
+    base, split_free, reduction, after_idle, again = map(int, result.stdout.split())
     assert split_free == base, "a split-free kernel started OpenMP helpers on the worker"
     # The probe sees pools: a reduction over 200 Ki values on the worker
-    # runs a two-thread region, whose helper is a new thread.
+    # runs a two-thread region, whose helper is a new thread ...
     assert reduction > split_free
+    # ... which ends when the worker idles, and comes back with the next region.
+    assert after_idle == split_free, "the idle worker kept its OpenMP team"
+    assert again == reduction
 
 
 BF16_OPS = [

@@ -7,7 +7,7 @@
 # --graphs cannot run there). Writes
 # serving_*.md/json and build.log under $OUT (or ./device-out).
 #
-#   run: bash benchmarks/device/serving_scaling.sh
+#   run: [CORES="all 2 4"] [MODELS="bert-tiny bert-base"] bash benchmarks/device/serving_scaling.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/device-out}
@@ -34,9 +34,18 @@ echo "build: $(($(date +%s) - start)) s"
 export PYTHONPATH=$PWD
 "$PY" -c "import torch, torch_ember; x = torch.randn(64, 64); print(torch.__version__, torch.ember.device_count(), ((x.to('ember') @ x.to('ember')).cpu() - x @ x).abs().max().item())" || exit 1
 
-# Two CPUs on distinct physical cores: the issue's 2-core target on a quiet machine.
-two=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | head -2 | cut -d, -f1 | paste -sd,)
-echo "2-core partition: CPUs $two"
-"$PY" benchmarks/serving.py --replicas "$(nproc)" --out "$OUT/serving_all.md" --json "$OUT/serving_all.json"
-taskset -c "$two" "$PY" benchmarks/serving.py --replicas 2 --out "$OUT/serving_2.md" --json "$OUT/serving_2.json"
-"$PY" benchmarks/serving.py --replicas 4 --out "$OUT/serving_4.md" --json "$OUT/serving_4.json"
+# CORES="2 4 8": for each n, n devices x 1 core against one n-core device
+# (the issue's 2-core target, and how it scales), the process held to n CPUs
+# on distinct physical cores by taskset. "all": every CPU, one replica per CPU.
+MODELS=${MODELS:-bert-tiny bert-base}
+for n in ${CORES:-all 2 4}; do
+  if [ "$n" = all ]; then
+    "$PY" benchmarks/serving.py --models $MODELS --replicas "$(nproc)" \
+      --out "$OUT/serving_all.md" --json "$OUT/serving_all.json"
+    continue
+  fi
+  cpus=$(lscpu -p=CPU,CORE | grep -v '^#' | sort -t, -k2,2n -u | head -"$n" | cut -d, -f1 | paste -sd,)
+  echo "$n-core partition: CPUs $cpus"
+  taskset -c "$cpus" "$PY" benchmarks/serving.py --models $MODELS --replicas "$n" \
+    --out "$OUT/serving_$n.md" --json "$OUT/serving_$n.json"
+done

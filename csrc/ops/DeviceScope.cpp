@@ -42,8 +42,17 @@ void on_worker_start(const runtime::WorkerConfig& config) {
   }
 }
 
+// Runs on a stream worker idle for a while after work: ends the OpenMP team
+// its CPU kernels opened. While two threads of the process own a team,
+// libgomp counts more threads than cores and every team's barrier sleeps
+// after ~100 spins instead of polling: 256^3 mm on the host 94 -> 150 us,
+// BERT-base on CPU +17%, for the rest of the process. The next parallel
+// region on the worker starts a fresh team (tens of us).
+void on_worker_idle() { (void)omp_pause_resource_all(omp_pause_soft); }
+
 const bool worker_hook_installed =
-    (runtime::set_worker_start_hook(&on_worker_start), true);
+    (runtime::set_worker_start_hook(&on_worker_start),
+     runtime::set_worker_idle_hook(&on_worker_idle), true);
 
 }  // namespace
 

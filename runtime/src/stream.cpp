@@ -231,6 +231,7 @@ void Stream::worker_loop() {
     }
   }
   std::unique_lock<std::mutex> lock(mutex_);
+  bool ran_work = false;
   for (;;) {
     if (queue_.empty() && !stopping_) {
       lock.unlock();
@@ -239,9 +240,7 @@ void Stream::worker_loop() {
     }
     if (queue_.empty() && !stopping_) {
       worker_asleep_.store(true, std::memory_order_release);
-      work_cv_.wait(lock, [this] {
-        return !queue_.empty() || stopping_ || rouse_requested_;
-      });
+      sleep_until_work(lock, ran_work);
       worker_asleep_.store(false, std::memory_order_release);
       rouse_requested_ = false;
       // Roused with nothing queued: poll for the work about to come.
@@ -252,6 +251,7 @@ void Stream::worker_loop() {
     queue_.pop_front();
     const bool skip = !error_.empty() && !item.always_runs;
     lock.unlock();
+    ran_work = true;
     std::string error;
     if (!skip) {
       try {

@@ -1,7 +1,7 @@
 // When a stream's worker sleeps, and who wakes it without queuing work
 // (stream.h: worker_asleep, rouse_worker, note_work_at_call_*): launchers
 // run small work at the call while the worker sleeps, and a host that goes
-// on launching rouses it.
+// on launching rouses it. A worker idle for a while runs the idle hook.
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -11,6 +11,32 @@
 #include "ember/runtime/stream.h"
 
 namespace ember::runtime {
+
+namespace {
+std::atomic<WorkerIdleHook> worker_idle_hook{nullptr};
+}  // namespace
+
+void set_worker_idle_hook(WorkerIdleHook hook) {
+  worker_idle_hook.store(hook, std::memory_order_release);
+}
+
+void Stream::sleep_until_work(std::unique_lock<std::mutex>& lock,
+                              bool& ran_work) {
+  const auto has_work = [this] {
+    return !queue_.empty() || stopping_ || rouse_requested_;
+  };
+  if (ran_work) {
+    if (WorkerIdleHook hook =
+            worker_idle_hook.load(std::memory_order_acquire)) {
+      if (work_cv_.wait_for(lock, kWorkerIdleHookDelay, has_work)) return;
+      ran_work = false;
+      lock.unlock();
+      hook();
+      lock.lock();
+    }
+  }
+  work_cv_.wait(lock, has_work);
+}
 
 void Stream::rouse_worker() {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -308,39 +308,6 @@ TEST(Engine, WorkAfterShutdownRunsInline) {
   EXPECT_TRUE(stream.query());
 }
 
-std::atomic<int> hook_calls{0};
-std::atomic<int> hook_cores{0};
-void count_hook(const WorkerConfig& config) {
-  hook_calls.fetch_add(1);
-  hook_cores = static_cast<int>(config.cores.size());
-}
-
-TEST(Engine, WorkersArePinnedToTheDeviceCores) {
-  const std::vector<int> allowed = allowed_cpus();
-  ASSERT_FALSE(allowed.empty());
-  auto config = std::make_shared<WorkerConfig>();
-  config->device_index = 0;
-  config->cores = {allowed.back()};
-  set_worker_start_hook(count_hook);
-  const int calls_before = hook_calls.load();
-  StreamPool pool(0, config);
-  Stream& stream = pool.create();
-  std::vector<int> worker_cpus;
-  stream.enqueue("affinity", [&] {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    pthread_getaffinity_np(pthread_self(), sizeof(set), &set);
-    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-      if (CPU_ISSET(cpu, &set)) worker_cpus.push_back(cpu);
-    }
-  });
-  stream.synchronize();
-  set_worker_start_hook(nullptr);
-  EXPECT_EQ(worker_cpus, std::vector<int>{allowed.back()});
-  EXPECT_EQ(hook_calls.load(), calls_before + 1);
-  EXPECT_EQ(hook_cores.load(), 1);
-}
-
 TEST(CorePartition, SplitsTheAllowedCoresIntoDisjointSets) {
   using Sets = std::vector<std::vector<int>>;
   EXPECT_EQ(partition_cores({0, 1, 2, 3}, 1), (Sets{{0, 1, 2, 3}}));

@@ -68,6 +68,13 @@ struct WorkerConfig {
 using WorkerStartHook = void (*)(const WorkerConfig&);
 // Installed once by the layer above, before the first worker starts.
 void set_worker_start_hook(WorkerStartHook hook);
+// Runs on a worker whose queue has stayed empty for kWorkerIdleHookDelay
+// since it last ran work, once per such idle spell, before it sleeps on.
+// The glue gives the worker's OpenMP team back there: a second team in the
+// process makes libgomp's barriers of every team sleep instead of spin.
+using WorkerIdleHook = void (*)();
+void set_worker_idle_hook(WorkerIdleHook hook);
+inline constexpr std::chrono::milliseconds kWorkerIdleHookDelay{2};
 
 struct EventState;
 
@@ -221,6 +228,11 @@ class Stream final {
   // The worker, with the queue empty: polls briefly for new work before it
   // sleeps (a launch right behind the last one costs no wake-up).
   void spin_for_work();
+  // The worker, after spin_for_work found nothing (caller holds `lock`):
+  // sleeps until work, a stop or a rouse; runs the idle hook first when
+  // `ran_work` (work ran since the last idle hook) and the queue stays
+  // empty for kWorkerIdleHookDelay.
+  void sleep_until_work(std::unique_lock<std::mutex>& lock, bool& ran_work);
   // Blocks until `state` is complete (its marker ran on this stream).
   void wait_for(const EventState& state);
 
