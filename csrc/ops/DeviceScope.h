@@ -114,9 +114,15 @@ struct LaunchedWork {
 };
 
 // Whether op work may be launched asynchronously now
-// (torch.backends.ember.async_execution). A graph captures whichever form
-// runs, so its replay takes the same kernels as eager execution.
-inline bool launch_async() { return flags::async_execution(); }
+// (torch.backends.ember.async_execution, and not cpu_parity). A graph
+// captures whichever form runs, so its replay takes the same kernels as
+// eager execution. cpu_parity runs every op at its call: most of its ops
+// (CPU's GEMMs, delegated kernels) cannot be launched, and the few that can
+// only roused the worker, which then polled beside CPU's OpenMP team (batch-1
+// MLP 2.0x the synchronous engine's time, GPT-2 decode 1.25x).
+inline bool launch_async() {
+  return flags::async_execution() && !flags::cpu_parity();
+}
 
 // Launched work whose result has at least this many elements runs at the
 // call instead of on the stream's worker while the stream has nothing
