@@ -477,6 +477,19 @@ def test_flag_changes_wait_for_launched_work():
     assert torch.equal(y.cpu(), torch.arange(4.0) + 1)
 
 
+@pytest.mark.parametrize("parity", [False, True])
+def test_cpu_parity_launches_nothing(parity):
+    x = torch.randn(256, device="ember")
+    with torch.backends.ember.flags(async_execution=True, cpu_parity=parity):
+        torch_ember.reset_launch_stats()
+        _sleep(0.05)  # queued work ahead: a launchable op would queue behind it
+        y = torch.relu(x)
+        torch.ember.synchronize()
+        launched = _launched("aten::relu")
+    assert launched == (0 if parity else 1)
+    assert torch.equal(y.cpu(), torch.relu(x.cpu()))
+
+
 # -------------------------------------------------- streams, threads, training
 
 
