@@ -257,8 +257,12 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
 // An op that writes into its first argument. `Meta::infer(self,
 // args...)` runs the op's in-place meta function on the alias of self (its
 // checks: shapes, dtype casting, overlap), raising what the CPU kernel would.
+// `work_numel`: the elements the kernel writes, which decides whether it
+// runs at the call on an idle stream (launch_on_device); self's size where
+// the op writes all of self.
 template <class Op, class Meta, class... Args>
-at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
+at::Tensor& launched_inplace_writing(int64_t work_numel, at::Tensor& self,
+                                     Args... args) {
   if (!launch_async()) return inplace<Op, Args...>(self, args...);
   {
     DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
@@ -283,11 +287,17 @@ at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
               },
               kept);
         },
-        self.numel());
+        work_numel);
     if (!queued) return self;
   }
   count_launch(op_name<Op>());
   return self;
+}
+
+template <class Op, class Meta, class... Args>
+at::Tensor& launched_inplace(at::Tensor& self, Args... args) {
+  return launched_inplace_writing<Op, Meta, Args...>(self.numel(), self,
+                                                     args...);
 }
 
 }  // namespace ember::unboxed

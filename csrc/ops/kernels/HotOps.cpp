@@ -66,7 +66,10 @@ at::Tensor pow_tensor_scalar(T self, S exponent) {
 
 // index_copy_ (a static KV cache's update, twice per layer and token):
 // launched, so a decode step does not wait for the queue at each cache
-// write; under determinism ATen's kernel serially (repeated indices).
+// write; under determinism ATen's kernel serially (repeated indices). Its
+// work is the source's rows, not the cache: sized by the cache, it ran at
+// the call on an idle stream like a prefill GEMM, and a static-cache GPT-2
+// decode step took 48-50 ms asynchronously against 32-33 synchronously.
 at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
                                T source) {
   if (flags::deterministic()) {
@@ -77,9 +80,9 @@ at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
         op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return self;
   }
-  return unboxed::launched_inplace<
+  return unboxed::launched_inplace_writing<
       ops::index_copy_, kernels::layouts::IndexCopyInplace, int64_t, T, T>(
-      self, dim, index, source);
+      source.numel(), self, dim, index, source);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
