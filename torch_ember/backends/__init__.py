@@ -5,7 +5,8 @@ By default ember runs its fastest correct kernels (prepacked GEMM, skinny
 GEMM that streams packed weights, ...): results agree with CPU within the
 tolerances PyTorch's device tests use and are reproducible run to run.
 ``cpu_parity = True`` (or ``EMBER_CPU_PARITY=1``) sends every op to CPU's
-own kernel instead, bitwise equal to CPU.
+own kernel instead, bitwise equal to CPU, at its call (``async_execution``
+applies again once parity is off).
 
 Every switch changes what runs (the tests in ``tests/test_backends_*.py``
 show each effect)::
