@@ -3,7 +3,7 @@ call on an idle stream"): a result of at least 64 Ki elements is computed at
 the call while its stream has nothing queued, and is queued behind work that
 is; small results are queued, except while the stream's worker sleeps with
 nothing queued (then they run at the call, and a long burst of them rouses
-the worker). Either way the result is what synchronous execution gives."""
+the worker, unless the kernels run at the call took most of its time). Either way the result is what synchronous execution gives."""
 
 import time
 
@@ -134,7 +134,8 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
     decode step overlaps its Python with the kernels). Pauses of hundreds
     of microseconds (a decode step's mask and cache logic in Python) do not
     end the burst."""
-    _, x = _a_sleeping_worker()
+    stream, x = _a_sleeping_worker()
+    rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id)
     y, steps = x, 0
     deadline = time.monotonic() + 10
     while _launched("aten::mul.Tensor") == 0:
@@ -142,10 +143,37 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
         _busy_wait(pause)
         y, steps = y * 1.0001, steps + 1
     assert steps > 1  # the first ones ran at the call
+    assert _C._engine_worker_rouses(stream.device_index, stream.stream_id) > rouses
     expected = x.cpu()
     for _ in range(steps):
         expected = expected * 1.0001
     assert torch.equal(y.cpu(), expected)
+
+
+def test_a_burst_spent_in_kernels_at_the_call_leaves_the_worker_asleep():
+    """A burst whose time goes to kernels run at the call (a CNN's
+    convolutions, a synchronous op) rather than to the host's own work has
+    little host time to run ahead of: the worker stays asleep, so its team
+    does not contend with the host's for the cores, and the small ops between
+    the kernels keep running at the call."""
+    stream, x = _a_sleeping_worker()
+    big, mid = torch.randn(1 << 21, device="ember"), torch.randn(1 << 19, device="ember")
+    torch.ember.synchronize()
+    rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id)
+    begin, rounds = time.monotonic(), 0
+    while time.monotonic() - begin < 0.1:  # far longer than a burst needs
+        mid.cumsum(0)  # a synchronous op at the call: ~0.3 ms, no pause
+        for _ in range(4):
+            big * 2  # a large launched op: at the call on an idle stream
+        y = x * 2  # small, while the worker sleeps: at the call
+        rounds += 1
+    assert rounds >= 10
+    # A host thread descheduled inside a round (a loaded machine) can still
+    # tip the share now and then.
+    rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id) - rouses
+    assert rouses <= rounds // 10, (rouses, rounds)
+    assert _launched("aten::mul.Tensor") <= rounds // 10, (rounds, torch_ember.launch_stats())
+    assert torch.equal(y.cpu(), x.cpu() * 2)
 
 
 def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():

@@ -491,6 +491,29 @@ def test_cpp_kernels_are_launched_on_the_stream_behind_queued_work():
         _assert_close(out, expected)
 
 
+@pytest.mark.usefixtures("queued_launches")
+def test_a_cpp_kernel_over_a_large_tensor_runs_at_the_call_on_an_idle_stream():
+    """Sized like an eager op by its largest tensor: over 64 Ki elements it
+    runs at the call while the stream has nothing queued (a compiled CNN's
+    kernels then share the host's OpenMP team with the convolutions around
+    them), and is queued behind queued work."""
+    fn = torch.compile(lambda a: torch.relu(a * 2 + 1))
+    big = _randn(1 << 17)
+    with torch.backends.ember.flags(async_execution=True):
+        expected = fn(big)  # compiles
+        torch.ember.synchronize()
+        torch_ember.reset_launch_stats()
+        at_call = fn(big)
+        assert torch.ember.current_stream().query()
+        assert _launched_cpp_kernels() == 0, torch_ember.launch_stats()
+        _sleep_on_current_stream(0.2)
+        queued = fn(big)
+        assert not torch.ember.current_stream().query()
+        assert _launched_cpp_kernels() == 1, torch_ember.launch_stats()
+    for out in (at_call, queued):
+        assert torch.equal(out.cpu(), expected.cpu())
+
+
 def test_cpp_kernels_run_at_the_call_when_execution_is_synchronous():
     model, x = _mlp(), _randn(8, 32)
     with torch.backends.ember.flags(async_execution=False):

@@ -127,7 +127,6 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
   } restore;
   stream.run(LaunchedWork<std::reference_wrapper<const std::function<void()>>>{
       device, launching_thread_count(device), std::nullopt, std::cref(work)});
-  stream.note_work_at_call_done();
 }
 
 bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {

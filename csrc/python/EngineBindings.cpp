@@ -84,6 +84,12 @@ void bind_engine(py::module& m) {
       },
       "Whether the stream's worker sleeps with nothing queued (tests).");
   m.def(
+      "_engine_worker_rouses",
+      [](int device, int64_t stream_id) {
+        return stream_of(device, stream_id).rouses();
+      },
+      "Wake-ups sent to the stream's sleeping worker without work (tests).");
+  m.def(
       "_engine_enqueue_failure",
       [](int device, int64_t stream_id, std::string name, std::string message) {
         // The name must outlive the work: kept by the process.

@@ -42,11 +42,13 @@ void Stream::rouse_worker() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (shut_down_ || stopping_ || rouse_requested_) return;
   if (worker_ == nullptr) {
+    rouses_.fetch_add(1, std::memory_order_relaxed);
     worker_asleep_.store(false, std::memory_order_release);
     worker_ = new std::thread([this] { worker_loop(); });
     return;
   }
   if (!worker_asleep_.load(std::memory_order_acquire)) return;
+  rouses_.fetch_add(1, std::memory_order_relaxed);
   rouse_requested_ = true;
   work_cv_.notify_one();
 }
@@ -76,12 +78,7 @@ bool Stream::workers_kept_awake() {
   return keep_workers_awake_flag.load(std::memory_order_relaxed);
 }
 
-void Stream::note_work_at_call_done() {
-  burst_last_ns_.store(steady_now_ns(), std::memory_order_relaxed);
-}
-
-void Stream::note_work_at_call_while_asleep() {
-  const int64_t now = steady_now_ns();
+bool Stream::burst_goes_on(int64_t now) {
   const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
   // After a host wait the pause that ends the burst is short: a model called
   // again at once goes on with it, one called now and then starts anew.
@@ -89,12 +86,27 @@ void Stream::note_work_at_call_while_asleep() {
   const bool waited =
       burst_host_waits_.exchange(waits, std::memory_order_relaxed) != waits;
   const auto gap = waited ? kBurstGapAfterHostWait : kBurstGap;
-  if (now - last > std::chrono::nanoseconds(gap).count()) {
-    burst_start_ns_.store(now, std::memory_order_relaxed);
-    return;
-  }
-  if (now - burst_start_ns_.load(std::memory_order_relaxed) >=
-      std::chrono::nanoseconds(kRouseAfter).count()) {
+  if (now - last <= std::chrono::nanoseconds(gap).count()) return true;
+  burst_start_ns_.store(now, std::memory_order_relaxed);
+  burst_work_ns_.store(0, std::memory_order_relaxed);
+  return false;
+}
+
+void Stream::note_work_at_call_done(std::chrono::nanoseconds work) {
+  const int64_t now = steady_now_ns();
+  burst_goes_on(now - work.count());
+  burst_work_ns_.fetch_add(work.count(), std::memory_order_relaxed);
+  burst_last_ns_.store(now, std::memory_order_relaxed);
+}
+
+void Stream::note_work_at_call_while_asleep() {
+  const int64_t now = steady_now_ns();
+  if (!burst_goes_on(now)) return;
+  const int64_t elapsed = now - burst_start_ns_.load(std::memory_order_relaxed);
+  const int64_t host = elapsed - burst_work_ns_.load(std::memory_order_relaxed);
+  if (elapsed >= std::chrono::nanoseconds(kRouseAfter).count() &&
+      static_cast<double>(host) >=
+          kRouseMinHostShare * static_cast<double>(elapsed)) {
     rouse_worker();
   }
 }

@@ -297,17 +297,24 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
     return nchw;
   };
   static const std::string launched_name = "aten::convolution (onednn)";
-  std::optional<at::Tensor> out = unboxed::launch_into(
-      launched_name,
-      [&] {
-        return channels_last
-                   ? at::empty(sizes, input.options().memory_format(
-                                          at::MemoryFormat::ChannelsLast))
-                   : at::empty(sizes, input.options());
-      },
-      [compute](const at::Tensor& o, const at::Tensor& x,
-                const std::optional<at::Tensor>& b) { compute(o, x, b); },
-      input, bias);
+  // A channels-last result is oneDNN's own: launched, it is copied into the
+  // preallocated one. At the call the synchronous form below returns it
+  // (as the packed GEMM does: matmul/FastGemm.cpp run_onednn).
+  const int64_t result_numel = sizes[0] * sizes[1] * sizes[2] * sizes[3];
+  std::optional<at::Tensor> out;
+  if (!channels_last || !runs_at_call(input.device().index(), result_numel)) {
+    out = unboxed::launch_into(
+        launched_name,
+        [&] {
+          return channels_last
+                     ? at::empty(sizes, input.options().memory_format(
+                                            at::MemoryFormat::ChannelsLast))
+                     : at::empty(sizes, input.options());
+        },
+        [compute](const at::Tensor& o, const at::Tensor& x,
+                  const std::optional<at::Tensor>& b) { compute(o, x, b); },
+        input, bias);
+  }
   if (!out) {
     out = unboxed::custom<at::Tensor>(
         "aten::convolution",
