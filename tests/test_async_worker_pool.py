@@ -32,6 +32,22 @@ def queued(fn):
     torch.ember.synchronize()
     return out
 
+def threads_after_queued(fn):
+    # threads() once fn's work has run, read while the worker is still busy
+    # (a sleep queued behind it): an idle worker gives its team back after
+    # 2 ms, which a host descheduled between synchronize and threads() on a
+    # loaded machine would otherwise miss
+    stream = torch.ember.current_stream()
+    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.05)
+    fn()
+    done = torch.ember.Event()
+    done.record()
+    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.5)
+    done.synchronize()
+    count = threads()
+    torch.ember.synchronize()
+    return count
+
 x = torch.randn(400, 500, dtype=torch.bfloat16, device="ember")
 queued(lambda: x * 1)  # the worker exists, with whatever it starts
 base = threads()
@@ -44,15 +60,14 @@ queued(lambda: x.float().contiguous())
 queued(lambda: torch.nn.functional.layer_norm(x, (500,)))
 queued(lambda: x.index_select(0, torch.arange(300, device="ember")))
 split_free = threads()
-queued(lambda: x.float().sum(0))  # a reduction keeps the worker's thread count
-reduction = threads()
+# a reduction keeps the worker's thread count
+reduction = threads_after_queued(lambda: x.float().sum(0))
 # idle: the worker gives its team back (runtime's idle hook, 2 ms after work)
 deadline = time.monotonic() + 10
 while threads() > split_free and time.monotonic() < deadline:
     time.sleep(0.005)
 after_idle = threads()
-queued(lambda: x.float().sum(0))  # the next region starts a fresh team
-again = threads()
+again = threads_after_queued(lambda: x.float().sum(0))  # a fresh team
 print(base, split_free, reduction, after_idle, again)
 """
 
