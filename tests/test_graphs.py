@@ -46,6 +46,27 @@ def test_mlp_replay_is_bitwise_equal_to_eager(batch):
             assert torch.equal(static_y.cpu(), expected.cpu())
 
 
+@pytest.mark.parametrize("async_execution", [False, True])
+def test_replay_leaves_the_callers_thread_count(async_execution):
+    """Recorded units run at their launching thread count (a device's
+    cores); a replay on the calling thread (synchronous execution) sets the
+    caller's count back: a changed count failed Dynamo's global-state guard
+    and recompiled mode="reduce-overhead" code on every call after a replay."""
+    model = _mlp().eval()
+    x = torch.randn(2, 32, device=DEV)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # other than any device's core count
+        with torch.inference_mode(), torch.backends.ember.flags(async_execution=async_execution):
+            g, y = _capture(model, x)
+            g.replay()
+            torch.ember.synchronize()
+            assert torch.get_num_threads() == threads + 1
+            assert torch.equal(y.cpu(), model(x).cpu())
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_capture_leaves_real_values_and_records_units():
     model = _mlp().eval()
     x = torch.randn(2, 32, device=DEV)

@@ -1,6 +1,7 @@
 #include "graphs/EmberGraph.h"
 
 #include <c10/util/Exception.h>
+#include <omp.h>
 
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "ember/runtime/device.h"
 #include "flags/BackendFlags.h"
 #include "graphs/GraphCapture.h"
+#include "ops/DeviceScope.h"
 
 namespace ember {
 namespace rt = ember::runtime;
@@ -154,6 +156,15 @@ void EmberGraphImpl::replay() {
     if (flags::async_execution()) {
       graph_->replay(stream);
     } else {
+      // Each recorded unit sets its launching thread count (a device's
+      // cores); on the calling thread the count is set back afterwards, as
+      // for launched work run at the call: a changed count would fail
+      // Dynamo's global-state guard (num_threads) and recompile the caller.
+      const int threads = omp_get_max_threads();
+      struct RestoreThreadCount {
+        int threads;
+        ~RestoreThreadCount() { match_thread_count(threads); }
+      } restore{threads};
       graph_->replay_inline(stream);
     }
   });
