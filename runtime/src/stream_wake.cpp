@@ -94,7 +94,16 @@ bool Stream::burst_goes_on(int64_t now) {
 
 void Stream::note_work_at_call_done(std::chrono::nanoseconds work) {
   const int64_t now = steady_now_ns();
-  burst_goes_on(now - work.count());
+  // A pause before the work ends the burst too. Only the plain gap: the
+  // short gap after a host wait is left for the next launch to judge (the
+  // work right after a wait is often the read's own copy, which must not
+  // use up the wait).
+  const int64_t start = now - work.count();
+  if (start - burst_last_ns_.load(std::memory_order_relaxed) >
+      std::chrono::nanoseconds(kBurstGap).count()) {
+    burst_start_ns_.store(start, std::memory_order_relaxed);
+    burst_work_ns_.store(0, std::memory_order_relaxed);
+  }
   burst_work_ns_.fetch_add(work.count(), std::memory_order_relaxed);
   burst_last_ns_.store(now, std::memory_order_relaxed);
 }
