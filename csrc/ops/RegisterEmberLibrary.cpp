@@ -2,14 +2,12 @@
 // ember's compile passes. Registration only.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/addmm.h>
-#include <ATen/ops/convolution.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/relu.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/matmul/FastGemm.h"
 
 namespace ember {
@@ -55,53 +53,16 @@ at::Tensor gemm(const std::optional<at::Tensor>& bias, const at::Tensor& a,
   return out;
 }
 
-// relu?(conv2d + bias + other) with a channels-last result, whatever the
-// input's layout (so a compiled network stays channels-last from its first
-// convolution on, with no re-layout between layers). On ember, one oneDNN
-// call on the packed weight with the add and relu as post-ops
-// (kernels::fused_conv2d); elsewhere, or where that route does not apply,
-// the same result from the unfused ops.
-at::Tensor conv2d(const at::Tensor& input, const at::Tensor& weight,
-                  const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-                  at::IntArrayRef padding, at::IntArrayRef dilation,
-                  int64_t groups, c10::string_view activation,
-                  const std::optional<at::Tensor>& other) {
-  TORCH_CHECK_VALUE(activation == "none" || activation == "relu",
-                    "ember::conv2d: unknown activation '", activation,
-                    "' (expected none or relu)");
-  TORCH_CHECK_VALUE(input.dim() == 4,
-                    "ember::conv2d: expected a 4-D input, got ", input.dim(),
-                    "-D");
-  const bool relu = activation == "relu";
-  if (input.is_privateuseone()) {
-    if (auto fused = kernels::fused_conv2d(input, weight, bias, stride, padding,
-                                           dilation, groups, relu, other)) {
-      return *std::move(fused);
-    }
-  }
-  at::Tensor out = at::convolution(input, weight, bias, stride, padding,
-                                   dilation, false, {0, 0}, groups)
-                       .contiguous(at::MemoryFormat::ChannelsLast);
-  if (other.has_value() && other->defined()) out.add_(*other);
-  if (relu) out.relu_();
-  return out;
-}
-
 }  // namespace
 
 TORCH_LIBRARY(ember, m) {
   m.def(
       "gemm(Tensor? bias, Tensor a, Tensor b, str activation=\"none\") -> "
       "Tensor");
-  m.def(
-      "conv2d(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] "
-      "padding, int[] dilation, int groups, str activation=\"none\", "
-      "Tensor? other=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ember, CompositeExplicitAutograd, m) {
   m.impl("gemm", TORCH_FN(gemm));
-  m.impl("conv2d", TORCH_FN(conv2d));
 }
 
 }  // namespace ember

@@ -189,56 +189,27 @@ uint64_t geometry(const at::Tensor& input, const at::Tensor& weight,
   return h;
 }
 
-// oneDNN's convolution on a packed weight, `unary` ("none", "relu") as its
-// post-op; with `other`, unary(conv + bias + other) by its binary post-op
-// (other laid out as the result: channels-last).
 at::Tensor convolution_pointwise(const at::Tensor& input,
                                  const at::Tensor& weight,
                                  const std::optional<at::Tensor>& bias,
-                                 const ConvParams& p, const std::string& unary,
-                                 const std::optional<at::Tensor>& other) {
+                                 const ConvParams& p) {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow(
           "mkldnn::_convolution_pointwise", "");
-  static const c10::OperatorHandle binary =
-      c10::Dispatcher::singleton().findSchemaOrThrow(
-          "mkldnn::_convolution_pointwise", "binary");
   torch::jit::Stack stack;
-  stack.reserve(13);
+  stack.reserve(10);
   stack.emplace_back(input);
-  if (other) stack.emplace_back(*other);
   stack.emplace_back(weight);
   stack.emplace_back(bias);
   stack.emplace_back(p.padding);
   stack.emplace_back(p.stride);
   stack.emplace_back(p.dilation);
   stack.emplace_back(p.groups);
-  if (other) {
-    stack.emplace_back("add");
-    stack.emplace_back(c10::IValue());  // alpha
-    stack.emplace_back(unary == "none" ? c10::IValue() : c10::IValue(unary));
-  } else {
-    stack.emplace_back(unary);
-  }
+  stack.emplace_back("none");
   stack.emplace_back(c10::List<std::optional<at::Scalar>>());
   stack.emplace_back(c10::IValue());
-  (other ? binary : op).callBoxed(stack);
+  op.callBoxed(stack);
   return stack.back().toTensor();
-}
-
-// What ember::conv2d fuses into a convolution: result = unary(conv + bias
-// + other), channels-last whatever the input's layout.
-struct ConvEpilogue {
-  std::string unary = "none";
-  bool fused = false;  // ember::conv2d's route (channels-last result)
-};
-
-// The epilogue applied after the convolution, where oneDNN did not fuse it.
-at::Tensor apply_unfused(at::Tensor out, const ConvEpilogue& epilogue,
-                         const std::optional<at::Tensor>& other) {
-  if (other) out.add_(*other);
-  if (epilogue.unary == "relu") out.relu_();
-  return out;
 }
 
 // The result's sizes (N, Cout, Hout, Wout) of a 2-D convolution.
@@ -262,16 +233,13 @@ std::vector<int64_t> output_sizes(const at::Tensor& input,
 // weight and the output on every call (its blocked-to-NCHW output reorder
 // alone is 0.85 ms for ResNet-50's 256x56x56), measured 1.2-7x slower than
 // the channels-last route on ResNet-50's 1x1, 3x3 and 7x7 layers.
-std::optional<at::Tensor> packed_conv(
-    const at::Tensor& input, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, const ConvParams& p,
-    const ConvEpilogue& epilogue = {},
-    const std::optional<at::Tensor>& other = std::nullopt) {
+std::optional<at::Tensor> packed_conv(const at::Tensor& input,
+                                      const at::Tensor& weight,
+                                      const std::optional<at::Tensor>& bias,
+                                      const ConvParams& p) {
   // CPU's rule (ATen's mkldnn_conv_use_channels_last): either operand in
-  // channels-last makes the convolution channels-last. ember::conv2d's
-  // result is channels-last always.
+  // channels-last makes the convolution channels-last.
   const bool channels_last =
-      epilogue.fused ||
       input.suggest_memory_format() == at::MemoryFormat::ChannelsLast ||
       weight.suggest_memory_format() == at::MemoryFormat::ChannelsLast;
   const std::vector<int64_t> sizes = output_sizes(input, weight, p);
@@ -292,29 +260,21 @@ std::optional<at::Tensor> packed_conv(
   if (!packed) return std::nullopt;
   // oneDNN on the pack into `out` (the layout `fresh` would have), or a
   // fresh result where `out` is undefined.
-  const auto compute =
-      [channels_last, packed, p, epilogue,
-       watched = capture::WatchedWeight::of(weight)](
-          const at::Tensor& out, const at::Tensor& x,
-          const std::optional<at::Tensor>& b,
-          const std::optional<at::Tensor>& other) -> at::Tensor {
+  const auto compute = [channels_last, packed, p,
+                        watched = capture::WatchedWeight::of(weight)](
+                           const at::Tensor& out, const at::Tensor& x,
+                           const std::optional<at::Tensor>& b) -> at::Tensor {
     if (watched.written_since()) [[unlikely]] {
       // A replay after the weight was written: CPU's kernel on it.
-      at::Tensor result = apply_unfused(
+      at::Tensor result =
           at::convolution(x, watched.weight_cpu, b, p.stride, p.padding,
-                          p.dilation, false, {0, 0}, p.groups)
-              .contiguous(channels_last ? at::MemoryFormat::ChannelsLast
-                                        : at::MemoryFormat::Contiguous),
-          epilogue, other);
+                          p.dilation, false, {0, 0}, p.groups);
       return out.defined() ? const_cast<at::Tensor&>(out).copy_(result)
                            : result;
     }
     // The pointwise op is oneDNN's channels-last route.
     at::Tensor x_in = x;
-    const bool nchw_input =
-        x.is_contiguous() &&
-        x.suggest_memory_format() != at::MemoryFormat::ChannelsLast;
-    if ((!channels_last || epilogue.fused) && nchw_input) {
+    if (!channels_last && x.is_contiguous()) {
       // oneDNN's own re-layout of an NCHW input is ATen's strided copy.
       x_in = at::empty_strided(x.sizes(),
                                {x.size(1) * x.size(2) * x.size(3), 1,
@@ -324,28 +284,19 @@ std::optional<at::Tensor> packed_conv(
                                   x_in.mutable_data_ptr<float>(), x.size(0),
                                   x.size(1), x.size(2) * x.size(3));
     }
+    at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p);
     if (channels_last) {
-      // oneDNN's binary post-op reads `other` in the result's layout.
-      std::optional<at::Tensor> other_in = other;
-      if (other && !other->is_contiguous(at::MemoryFormat::ChannelsLast)) {
-        other_in = other->contiguous(at::MemoryFormat::ChannelsLast);
-      }
-      at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p,
-                                                epilogue.unary, other_in);
       return out.defined() ? const_cast<at::Tensor&>(out).copy_(result)
                            : result;
     }
-    at::Tensor result =
-        convolution_pointwise(x_in, packed->onednn, b, p, "none", std::nullopt);
     at::Tensor nchw =
         out.defined() ? out : at::empty(result.sizes(), result.options());
     channels_last_to_contiguous(
         result.const_data_ptr<float>(), nchw.mutable_data_ptr<float>(),
         result.size(0), result.size(1), result.size(2) * result.size(3));
-    return apply_unfused(nchw, epilogue, other);
+    return nchw;
   };
   static const std::string launched_name = "aten::convolution (onednn)";
-  static const std::string fused_launched_name = "ember::conv2d (onednn)";
   // A channels-last result is oneDNN's own: launched, it is copied into the
   // preallocated one. At the call the synchronous form below returns it
   // (as the packed GEMM does: matmul/FastGemm.cpp run_onednn).
@@ -353,7 +304,7 @@ std::optional<at::Tensor> packed_conv(
   std::optional<at::Tensor> out;
   if (!channels_last || !runs_at_call(input.device().index(), result_numel)) {
     out = unboxed::launch_into(
-        epilogue.fused ? fused_launched_name : launched_name,
+        launched_name,
         [&] {
           return channels_last
                      ? at::empty(sizes, input.options().memory_format(
@@ -361,21 +312,17 @@ std::optional<at::Tensor> packed_conv(
                      : at::empty(sizes, input.options());
         },
         [compute](const at::Tensor& o, const at::Tensor& x,
-                  const std::optional<at::Tensor>& b,
-                  const std::optional<at::Tensor>& extra) {
-          compute(o, x, b, extra);
-        },
-        input, bias, other);
+                  const std::optional<at::Tensor>& b) { compute(o, x, b); },
+        input, bias);
   }
   if (!out) {
     out = unboxed::custom<at::Tensor>(
-        epilogue.fused ? "ember::conv2d" : "aten::convolution",
-        unboxed::replayable([compute](const at::Tensor& x,
-                                      const std::optional<at::Tensor>& b,
-                                      const std::optional<at::Tensor>& extra) {
-          return compute(at::Tensor(), x, b, extra);
-        }),
-        input, bias, other);
+        "aten::convolution",
+        unboxed::replayable(
+            [compute](const at::Tensor& x, const std::optional<at::Tensor>& b) {
+              return compute(at::Tensor(), x, b);
+            }),
+        input, bias);
   }
   observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
   return *std::move(out);
@@ -513,33 +460,6 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
         return engine_conv(x, w, b, params);
       }),
       input, weight, bias);
-}
-
-std::optional<at::Tensor> fused_conv2d(
-    const at::Tensor& input, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-    bool relu, const std::optional<at::Tensor>& other) {
-  if (input.dim() != 4 || weight.dim() != 4 ||
-      input.scalar_type() != at::kFloat || weight.scalar_type() != at::kFloat ||
-      stride.size() != 2 || padding.size() != 2 || dilation.size() != 2 ||
-      groups <= 0 || input.size(1) != weight.size(1) * groups ||
-      weight.size(0) % groups != 0 || input.size(0) == 0) {
-    return std::nullopt;  // the unfused route raises CPU's errors
-  }
-  const ConvParams params{stride.vec(), padding.vec(), dilation.vec(), groups};
-  if (!packed_route_applies(input, weight, bias, params)) return std::nullopt;
-  if (other) {
-    const std::vector<int64_t> sizes = output_sizes(input, weight, params);
-    if (other->device() != input.device() ||
-        other->scalar_type() != at::kFloat || other->sizes() != sizes) {
-      return std::nullopt;
-    }
-  }
-  ConvEpilogue epilogue;
-  epilogue.unary = relu ? "relu" : "none";
-  epilogue.fused = true;
-  return packed_conv(input, weight, bias, params, epilogue, other);
 }
 
 }  // namespace ember::kernels

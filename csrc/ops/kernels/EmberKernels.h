@@ -91,15 +91,6 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        c10::SymIntArrayRef dilation, bool transposed,
                        c10::SymIntArrayRef output_padding, c10::SymInt groups);
 
-// Convolution.cpp: ember::conv2d's fused route (compile pass
-// conv_pointwise): relu?(conv + bias + other) as one oneDNN call on the
-// packed weight, the result channels-last; nullopt where it does not apply.
-std::optional<at::Tensor> fused_conv2d(
-    const at::Tensor& input, const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
-    at::IntArrayRef padding, at::IntArrayRef dilation, int64_t groups,
-    bool relu, const std::optional<at::Tensor>& other);
-
 // Attention.cpp
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          const at::Tensor& value,

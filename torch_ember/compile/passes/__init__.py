@@ -10,7 +10,6 @@ Dynamo's graph, in the backend, so that Inductor freezes at all.
 | pass | what |
 |---|---|
 | ``linear_activation`` | a small one-row linear + activation as one generated C++ kernel; optionally (``template=True``) the activation as a C++ GEMM template's epilogue (many rows) |
-| ``conv_pointwise`` | every frozen 2-D convolution as ``torch.ops.ember.conv2d``: a following residual add and ReLU as oneDNN post-ops, the result channels-last (no re-layout between layers) |
 | ``packed_gemm`` | every other frozen GEMM (and, in graphs compiled with grad disabled, every GEMM whose B is a graph input) as ``torch.ops.ember.gemm``: the runtime's packed-weight route (``csrc/ops/kernels/matmul/FastGemm.cpp``: the weight packed once, the skinny kernel or oneDNN's packed matmul) with its result used as returned, not copied into an ``out=`` buffer |
 
 The passes run for ``backend="ember"`` and, through the device's post-grad
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from torch_ember.compile.passes._gemm import TEMPLATE_META as TEMPLATE_META
-from torch_ember.compile.passes.conv_pointwise import conv_pointwise
 from torch_ember.compile.passes.linear_activation import linear_activation
 from torch_ember.compile.passes.packed_gemm import packed_gemm
 
@@ -49,7 +47,6 @@ class Options:
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
     "linear_activation": linear_activation,
     "packed_gemm": packed_gemm,
-    "conv_pointwise": conv_pointwise,
 }
 
 DONE_META = "ember_passes_done"  # on a GraphModule's meta: the passes already ran on it
