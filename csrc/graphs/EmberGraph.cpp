@@ -1,7 +1,6 @@
 #include "graphs/EmberGraph.h"
 
 #include <c10/util/Exception.h>
-#include <omp.h>
 
 #include <fstream>
 #include <sstream>
@@ -157,14 +156,8 @@ void EmberGraphImpl::replay() {
       graph_->replay(stream);
     } else {
       // Each recorded unit sets its launching thread count (a device's
-      // cores); on the calling thread the count is set back afterwards, as
-      // for launched work run at the call: a changed count would fail
-      // Dynamo's global-state guard (num_threads) and recompile the caller.
-      const int threads = omp_get_max_threads();
-      struct RestoreThreadCount {
-        int threads;
-        ~RestoreThreadCount() { match_thread_count(threads); }
-      } restore{threads};
+      // cores): set back afterwards, as for launched work run at the call.
+      RestoreThreadCount restore;
       graph_->replay_inline(stream);
     }
   });

@@ -66,6 +66,8 @@ int launching_thread_count(c10::DeviceIndex device) {
 
 bool on_stream_worker() { return t_stream_worker; }
 
+RestoreThreadCount::RestoreThreadCount() : threads_(omp_get_max_threads()) {}
+
 void match_thread_count(int threads) {
   if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
 }
@@ -121,10 +123,7 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
                          const std::function<void()>& work) {
   if (!stream.query()) [[unlikely]]
     count_wait(name);
-  struct RestoreThreadCount {
-    int threads = omp_get_max_threads();
-    ~RestoreThreadCount() { match_thread_count(threads); }
-  } restore;
+  RestoreThreadCount restore;
   stream.run(LaunchedWork<std::reference_wrapper<const std::function<void()>>>{
       device, launching_thread_count(device), std::nullopt, std::cref(work)});
 }

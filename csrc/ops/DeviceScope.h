@@ -63,6 +63,19 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
 // cpu_parity, whose promise is CPU's bits at the launching thread's count.
 int launching_thread_count(c10::DeviceIndex device);
 void match_thread_count(int threads);
+// Restores the calling thread's OpenMP count on scope exit: launched work
+// run at the call sets the count it was launched with, and a changed count
+// would fail Dynamo's global-state guard (num_threads) in the caller.
+class RestoreThreadCount {
+ public:
+  RestoreThreadCount();
+  ~RestoreThreadCount() { match_thread_count(threads_); }
+  RestoreThreadCount(const RestoreThreadCount&) = delete;
+  RestoreThreadCount& operator=(const RestoreThreadCount&) = delete;
+
+ private:
+  int threads_;
+};
 
 // Whether the calling thread is a stream worker.
 bool on_stream_worker();

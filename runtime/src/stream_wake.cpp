@@ -54,14 +54,6 @@ void Stream::rouse_worker() {
 }
 
 namespace {
-int64_t steady_now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-namespace {
 std::atomic<bool> keep_workers_awake_flag{false};
 std::atomic<uint64_t> host_waits{0};
 }  // namespace
@@ -79,36 +71,36 @@ bool Stream::workers_kept_awake() {
 }
 
 bool Stream::burst_goes_on(int64_t now) {
-  const int64_t last = burst_last_ns_.load(std::memory_order_relaxed);
   // After a host wait the pause that ends the burst is short: a model called
   // again at once goes on with it, one called now and then starts anew.
   const uint64_t waits = host_waits.load(std::memory_order_relaxed);
   const bool waited =
       burst_host_waits_.exchange(waits, std::memory_order_relaxed) != waits;
   const auto gap = waited ? kBurstGapAfterHostWait : kBurstGap;
-  if (now - last <= std::chrono::nanoseconds(gap).count()) return true;
-  burst_start_ns_.store(now, std::memory_order_relaxed);
+  return burst_goes_on_after(now, std::chrono::nanoseconds(gap).count());
+}
+
+bool Stream::burst_goes_on_after(int64_t at, int64_t gap_ns) {
+  if (at - burst_last_ns_.load(std::memory_order_relaxed) <= gap_ns) {
+    return true;
+  }
+  burst_start_ns_.store(at, std::memory_order_relaxed);
   burst_work_ns_.store(0, std::memory_order_relaxed);
   return false;
 }
 
-void Stream::note_work_at_call_done(std::chrono::nanoseconds work) {
-  const int64_t now = steady_now_ns();
+void Stream::note_work_at_call_done(int64_t start, int64_t end) {
   // A pause before the work ends the burst too. Only the plain gap: the
   // short gap after a host wait is left for the next launch to judge (the
   // work right after a wait is often the read's own copy, which must not
   // use up the wait).
-  const int64_t start = now - work.count();
-  if (start - burst_last_ns_.load(std::memory_order_relaxed) >
-      std::chrono::nanoseconds(kBurstGap).count()) {
-    burst_start_ns_.store(start, std::memory_order_relaxed);
-    burst_work_ns_.store(0, std::memory_order_relaxed);
-  }
-  burst_work_ns_.fetch_add(work.count(), std::memory_order_relaxed);
-  burst_last_ns_.store(now, std::memory_order_relaxed);
+  burst_goes_on_after(start, std::chrono::nanoseconds(kBurstGap).count());
+  burst_work_ns_.fetch_add(end - start, std::memory_order_relaxed);
+  burst_last_ns_.store(end, std::memory_order_relaxed);
 }
 
 void Stream::note_work_at_call_while_asleep() {
+  bursts_tracked_.store(true, std::memory_order_relaxed);
   const int64_t now = steady_now_ns();
   if (!burst_goes_on(now)) return;
   const int64_t elapsed = now - burst_start_ns_.load(std::memory_order_relaxed);

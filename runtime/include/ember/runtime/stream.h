@@ -100,15 +100,24 @@ class Stream final {
     if (pending_.load(std::memory_order_acquire) != 0) [[unlikely]] {
       wait_queue_for_run();
     }
+    if (!bursts_tracked_.load(std::memory_order_relaxed)) {
+      // No launch has asked about the host's bursts yet (synchronous
+      // execution): no clock to read.
+      struct Done {
+        Stream& stream;
+        ~Done() { stream.completed_.fetch_add(1, std::memory_order_relaxed); }
+      } done{*this};
+      std::forward<W>(work)();
+      return;
+    }
     // The work's time is the host's burst's work, not a pause or host time
     // of its own (note_work_at_call_done).
     struct Count {
       Stream& stream;
-      std::chrono::steady_clock::time_point start =
-          std::chrono::steady_clock::now();
+      int64_t start = steady_now_ns();
       ~Count() {
         stream.completed_.fetch_add(1, std::memory_order_relaxed);
-        stream.note_work_at_call_done(std::chrono::steady_clock::now() - start);
+        stream.note_work_at_call_done(start, steady_now_ns());
       }
     } count{*this};
     std::forward<W>(work)();
@@ -166,10 +175,11 @@ class Stream final {
   // with the host's for the cores (a compiled ResNet-50 on 2 cores: 39 ms
   // against 35 at the call).
   void note_work_at_call_while_asleep();
-  // ... and after any work ran at the call (run() calls it), taking its
-  // time: pauses are measured from here (the work itself is no pause of the
-  // host's), and `work` counts against the host's share.
-  void note_work_at_call_done(std::chrono::nanoseconds work);
+  // ... and after any work ran at the call from `start` to `end`
+  // (steady_clock ns; run() calls it once a launch asked about bursts):
+  // pauses are measured from `end` (the work itself is no pause of the
+  // host's), and the work counts against the host's share.
+  void note_work_at_call_done(int64_t start, int64_t end);
   // The host waits for a stream or device (synchronize, a host read): the
   // next pause of kBurstGapAfterHostWait ends every stream's burst.
   static void note_host_wait();
@@ -241,6 +251,13 @@ class Stream final {
   // longer than kBurstGap (kBurstGapAfterHostWait after a host wait) since
   // the last work run at the call; else a new burst starts at `now`.
   bool burst_goes_on(int64_t now);
+  // The same for a pause of at most `gap_ns` before `at`.
+  bool burst_goes_on_after(int64_t at, int64_t gap_ns);
+  static int64_t steady_now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
   void raise_pending_error(std::unique_lock<std::mutex>& lock);
   // Moves finished work out (caller holds the lock); destroyed by the
   // caller after unlocking.
@@ -278,6 +295,9 @@ class Stream final {
   std::atomic<int64_t> burst_work_ns_{0};  // work run at the call in it
   std::atomic<uint64_t> rouses_{0};
   std::atomic<uint64_t> burst_host_waits_{0};  // host waits last seen
+  // Set by the first launch that asks whether to rouse the worker: until
+  // then run() keeps no burst accounting.
+  std::atomic<bool> bursts_tracked_{false};
   alignas(64) std::mutex mutex_;
   std::condition_variable work_cv_;  // worker: new work or stop
   std::condition_variable done_cv_;  // waiters: work finished
