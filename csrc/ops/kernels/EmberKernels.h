@@ -105,6 +105,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
 // elementwise/Activations.cpp: ember's vector kernels by default.
 at::Tensor tanh(const at::Tensor& self);
 at::Tensor gelu(const at::Tensor& self, c10::string_view approximate);
+// elementwise/Argmax.cpp: ember's row kernel over the last dimension.
+at::Tensor argmax(const at::Tensor& self, std::optional<int64_t> dim,
+                  bool keepdim);
 
 // pooling/MaxPool.cpp: ember's vector kernel by default.
 std::tuple<at::Tensor, at::Tensor> max_pool2d_with_indices(

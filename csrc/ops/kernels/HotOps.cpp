@@ -106,9 +106,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("where.self",
          TORCH_FN((launched<ops::where_self, OutForm<ops::where_self_out>,
                             lay::Where, T, T, T>)));
-  m.impl("argmax",
-         TORCH_FN((launched<ops::argmax, SplitFreeOutForm<ops::argmax_out>,
-                            lay::Argmax, T, std::optional<int64_t>, bool>)));
+  // ember's row kernel where it applies (elementwise/Argmax.cpp).
+  m.impl("argmax", TORCH_FN(kernels::argmax));
   m.impl("add_.Tensor",
          TORCH_FN((launched_inplace<ops::add__Tensor, lay::AddInplace, T, S>)));
   m.impl("mul_.Tensor",
