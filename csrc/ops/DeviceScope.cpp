@@ -107,8 +107,7 @@ int64_t inline_result_numel() {
 bool runs_at_call(runtime::Stream& stream, int64_t result_numel) {
   if (result_numel >= inline_result_numel()) return stream.query();
   if (!stream.worker_asleep()) return false;
-  stream.note_work_at_call_while_asleep();
-  return true;
+  return !stream.note_work_at_call_while_asleep();
 }
 
 bool runs_at_call(c10::DeviceIndex device, int64_t result_numel) {

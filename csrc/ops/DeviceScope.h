@@ -164,7 +164,8 @@ bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
 // batch-1 MLP called after a 2 ms pause ran 275 us queued against 87 us at
 // the call); once the host has gone on launching for a while, the worker is
 // roused, so that the ops which follow find it polling and are queued
-// (Stream::note_work_at_call_while_asleep).
+// (Stream::note_work_at_call_while_asleep), and queued for the rest of that
+// burst even when the worker falls asleep between them.
 bool runs_at_call(runtime::Stream& stream, int64_t result_numel);
 
 // Runs launched work at the call: as the worker would (below autograd,

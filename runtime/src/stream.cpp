@@ -151,6 +151,9 @@ void Stream::enqueue(const char* name, Work work) {
     run(work);  // EMBER_LAUNCH_BLOCKING=1: errors surface at the call
     return;
   }
+  if (bursts_tracked_.load(std::memory_order_relaxed)) {
+    note_work_queued(steady_now_ns());
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   if (shut_down_) {
     lock.unlock();

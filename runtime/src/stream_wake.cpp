@@ -86,6 +86,7 @@ bool Stream::burst_goes_on_after(int64_t at, int64_t gap_ns) {
   }
   burst_start_ns_.store(at, std::memory_order_relaxed);
   burst_work_ns_.store(0, std::memory_order_relaxed);
+  burst_roused_.store(false, std::memory_order_relaxed);
   return false;
 }
 
@@ -99,17 +100,24 @@ void Stream::note_work_at_call_done(int64_t start, int64_t end) {
   burst_last_ns_.store(end, std::memory_order_relaxed);
 }
 
-void Stream::note_work_at_call_while_asleep() {
+void Stream::note_work_queued(int64_t now) {
+  burst_last_ns_.store(now, std::memory_order_relaxed);
+}
+
+bool Stream::note_work_at_call_while_asleep() {
   bursts_tracked_.store(true, std::memory_order_relaxed);
   const int64_t now = steady_now_ns();
-  if (!burst_goes_on(now)) return;
+  if (!burst_goes_on(now)) return false;
+  if (burst_roused_.load(std::memory_order_relaxed)) return true;
   const int64_t elapsed = now - burst_start_ns_.load(std::memory_order_relaxed);
   const int64_t host = elapsed - burst_work_ns_.load(std::memory_order_relaxed);
   if (elapsed >= std::chrono::nanoseconds(kRouseAfter).count() &&
       static_cast<double>(host) >=
           kRouseMinHostShare * static_cast<double>(elapsed)) {
+    burst_roused_.store(true, std::memory_order_relaxed);
     rouse_worker();
   }
+  return false;
 }
 
 }  // namespace ember::runtime

@@ -129,6 +129,36 @@ TEST(Stream, RouseWakesASleepingWorkerWithoutQueuingWork) {
   EXPECT_TRUE(stream.query());
 }
 
+// The host's side of a burst: launches that each ran (empty) work at the
+// call, `gap` apart, until the worker is roused.
+void launch_at_call_until_roused(Stream& stream,
+                                 std::chrono::microseconds gap) {
+  const uint64_t rouses = stream.rouses();
+  for (int i = 0; i < 1000 && stream.rouses() == rouses; ++i) {
+    ASSERT_FALSE(stream.note_work_at_call_while_asleep());
+    stream.run([] {});
+    std::this_thread::sleep_for(gap);
+  }
+  ASSERT_EQ(stream.rouses(), rouses + 1);
+}
+
+TEST(Stream, ABurstThatRousedTheWorkerQueuesUntilItEnds) {
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  launch_at_call_until_roused(stream, std::chrono::microseconds(20));
+  // The same burst: launches are queued from now on, even where the worker
+  // has fallen asleep again, and a queued launch carries the burst on.
+  EXPECT_TRUE(stream.note_work_at_call_while_asleep());
+  std::this_thread::sleep_for(Stream::kBurstGap / 2);
+  stream.enqueue("queued", [] {});
+  std::this_thread::sleep_for(Stream::kBurstGap / 2);
+  EXPECT_TRUE(stream.note_work_at_call_while_asleep());
+  // A pause longer than kBurstGap ends the burst: at the call again.
+  std::this_thread::sleep_for(Stream::kBurstGap * 2);
+  EXPECT_FALSE(stream.note_work_at_call_while_asleep());
+  stream.synchronize();
+}
+
 TEST(Stream, KeepingWorkersAwakeMakesNoneCountAsAsleep) {
   StreamPool pool(0);
   Stream& stream = pool.create();

@@ -174,7 +174,14 @@ class Stream final {
   // time to run ahead of, and a roused worker's team would only contend
   // with the host's for the cores (a compiled ResNet-50 on 2 cores: 39 ms
   // against 35 at the call).
-  void note_work_at_call_while_asleep();
+  // Returns true where the launch should be queued after all: the worker
+  // was already roused in this burst and has fallen asleep between
+  // launches since (queuing wakes it; running at the call again would start
+  // the burst's rouse over, flipping a decode between the two modes).
+  bool note_work_at_call_while_asleep();
+  // Work was queued at `now` (steady_clock ns; only once a launch asked
+  // about bursts): a launch of the host's, so its burst goes on.
+  void note_work_queued(int64_t now);
   // ... and after any work ran at the call from `start` to `end`
   // (steady_clock ns; run() calls it once a launch asked about bursts):
   // pauses are measured from `end` (the work itself is no pause of the
@@ -294,6 +301,7 @@ class Stream final {
   std::atomic<int64_t> burst_last_ns_{0};
   std::atomic<int64_t> burst_work_ns_{0};  // work run at the call in it
   std::atomic<uint64_t> rouses_{0};
+  std::atomic<bool> burst_roused_{false};      // the worker was roused in it
   std::atomic<uint64_t> burst_host_waits_{0};  // host waits last seen
   // Set by the first launch that asks whether to rouse the worker: until
   // then run() keeps no burst accounting.
