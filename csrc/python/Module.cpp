@@ -19,7 +19,7 @@
 #include "flags/Environment.h"
 #include "ops/FallbackStats.h"
 #include "ops/RegisterEmberOps.h"
-#include "ops/kernels/matmul/MklPackedGemm.h"
+#include "ops/kernels/matmul/FastGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/tuning/Autotune.h"
 
@@ -242,8 +242,7 @@ PYBIND11_MODULE(_C, m) {
     d["evictions"] = s.evictions;
     d["admissions_refused"] = s.admissions_refused;
     d["inference_tensors_refused"] = s.inference_tensors_refused;
-    // Which library's packed GEMM runs fp32 GEMMs of more than 16 rows here.
-    d["library"] = matmul::mkl_packed_preferred() ? "mkl" : "onednn";
+    d["library"] = matmul::tall_gemm_library();
     return d;
   });
   m.def("set_pack_cache_limit", &matmul::set_pack_cache_limit);

@@ -88,6 +88,7 @@ at::Tensor onednn_linear(const at::Tensor& a, const PackedWeight& weight,
 // The route a call takes, decided before anything runs.
 struct Plan {
   std::optional<at::Tensor> bias;
+  int64_t rows = 0;  // of the result (a's rows)
   int64_t cols = 0;  // of the result (b's columns)
   std::shared_ptr<const PackedWeight> packed;
   bool bf16 = false;  // fp32 operands computed in bf16 ("medium")
@@ -185,6 +186,7 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     return std::nullopt;
   }
   Plan plan;
+  plan.rows = a.size(0);
   plan.cols = b.size(1);
   if (self.defined() && beta.toDouble() != 0.0) {
     plan.bias = row_bias(self, b.size(1), device, dtype);
@@ -208,8 +210,13 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     plan.packed = packed_weight(
         b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);
   } else if (flags::matmul_fp32_precision() == Fp32Precision::kIeee) {
-    plan.packed = packed_weight(
-        b, mkl_takes(a, b) ? PackKind::kMklF32 : PackKind::kOneDnn);
+    // Taller A: MKL's packed GEMM on Intel CPUs, elsewhere ember's panel
+    // kernel (faster than oneDNN's packed matmul on every BERT/GPT-2 linear
+    // measured on a Zen 4 host: SkinnyGemm.h), oneDNN without AVX-512.
+    plan.packed = packed_weight(b, mkl_takes(a, b) ? PackKind::kMklF32
+                                   : skinny_f32_supported()
+                                       ? PackKind::kPanelsF32
+                                       : PackKind::kOneDnn);
   } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16) {
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
@@ -223,9 +230,12 @@ const char* direct_route(const Plan& plan, Epilogue epilogue) {
   if (plan.packed->kind == PackKind::kMklF32) {
     return epilogue != Epilogue::kNone ? "mkl/packed+epilogue" : "mkl/packed";
   }
-  return plan.bf16 || plan.packed->kind == PackKind::kPanelsBf16
-             ? "skinny/bf16-packed"
-             : "skinny/f32-packed";
+  if (plan.bf16 || plan.packed->kind == PackKind::kPanelsBf16) {
+    return "skinny/bf16-packed";
+  }
+  if (plan.rows <= kSkinnyMaxRows) return "skinny/f32-packed";
+  return epilogue != Epilogue::kNone ? "panels/packed+epilogue"
+                                     : "panels/packed";
 }
 
 // The skinny kernel or MKL's packed GEMM (the kernels that write straight
@@ -270,6 +280,7 @@ void run_direct(const Plan& plan, const at::Tensor& a,
   } else {
     skinny_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
                     plan.packed->f32(), bias_f32, c, out.stride(0));
+    apply_epilogue(c, a.size(0), plan.packed->n, out.stride(0), epilogue);
   }
   observe::mark_path(observe::ExecutionPath::kNative,
                      direct_route(plan, epilogue));
@@ -315,8 +326,10 @@ const std::string& onednn_launch_name() {
 }
 const std::string& direct_launch_name(const Plan& plan) {
   static const std::string skinny = "aten::addmm (skinny)";
+  static const std::string panels = "aten::addmm (panels)";
   static const std::string mkl = "aten::addmm (mkl)";
-  return plan.packed->kind == PackKind::kMklF32 ? mkl : skinny;
+  if (plan.packed->kind == PackKind::kMklF32) return mkl;
+  return plan.rows <= kSkinnyMaxRows ? skinny : panels;
 }
 
 // Launched, the product is copied into the result allocated at the call.
@@ -402,12 +415,21 @@ at::Tensor run_direct_result(const Plan& plan, const at::Tensor& a,
 
 }  // namespace
 
+const char* tall_gemm_library() {
+  return mkl_packed_preferred()   ? "mkl"
+         : skinny_f32_supported() ? "panels"
+                                  : "onednn";
+}
+
 std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
                                                const at::Tensor& a,
                                                const at::Tensor& b,
                                                Epilogue epilogue) {
   const std::optional<Plan> route = plan(bias, a, b, 1, 1);
-  if (route && route->packed->kind == PackKind::kMklF32) {
+  // MKL's route and fp32 panels apply the activation to the product in
+  // place, with the kernels the unfused ops use.
+  if (route && (route->packed->kind == PackKind::kMklF32 ||
+                (route->packed->kind == PackKind::kPanelsF32 && !route->bf16))) {
     return run_direct_result(*route, a, epilogue);
   }
   // Epilogues fuse where the operands' dtype is the pack's (not "medium").

@@ -133,23 +133,44 @@ struct MakeBf16 {
   static constexpr Bf16Block fn = &block_bf16<R, P>;
 };
 
-// Splits the panel groups into chunks of about 256 KB of B; small problems
-// stay on one thread (waking helpers costs more than streaming a few
-// hundred KB). Threads as ParallelChunks.h chooses them (a chunk team on a
+// Runs body(group, row0, row1) over every panel group of B and rows of A.
+// Up to kSkinnyMaxRows rows, the groups go in chunks of about 256 KB of B;
+// small problems stay on one thread (waking helpers costs more than
+// streaming a few hundred KB). Taller A: a task per group, and when the
+// groups are too few for the threads (a narrow B), slices of rows too,
+// ordered group by group so a thread's consecutive tasks share a group's
+// panels. Each output is one task's whole sum over K, so the split never
+// changes a bit. Threads as ParallelChunks.h chooses them (a chunk team on a
 // stream worker, whose regions would wait for a thread the host displaced).
 template <class Body>
-void for_panel_groups(int64_t n, int64_t bytes_per_group, Body&& body) {
+void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
+                      Body&& body) {
   const int64_t groups = (panel_count(n) + kGroupPanels - 1) / kGroupPanels;
-  constexpr int64_t kBytesPerTask = 256 * 1024;
-  const int64_t grain = std::max<int64_t>(
-      1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
-  const int64_t chunks = (groups + grain - 1) / grain;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(kernels::loop_threads(), chunks));
-  kernels::run_chunk_loop(chunks, threads, [&](int64_t chunk) {
-    const int64_t end = std::min(groups, (chunk + 1) * grain);
-    for (int64_t g = chunk * grain; g < end; ++g) body(g);
-  });
+  const int64_t threads = kernels::loop_threads();
+  if (m <= kSkinnyMaxRows) {
+    constexpr int64_t kBytesPerTask = 256 * 1024;
+    const int64_t grain = std::max<int64_t>(
+        1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
+    const int64_t chunks = (groups + grain - 1) / grain;
+    kernels::run_chunk_loop(
+        chunks, static_cast<int>(std::min(threads, chunks)),
+        [&](int64_t chunk) {
+          const int64_t end = std::min(groups, (chunk + 1) * grain);
+          for (int64_t g = chunk * grain; g < end; ++g) body(g, 0, m);
+        });
+    return;
+  }
+  const int64_t blocks = (m + kMaxBlockRows - 1) / kMaxBlockRows;
+  int64_t slices = 1;
+  while (groups * slices < 4 * threads && slices < blocks) slices *= 2;
+  const int64_t slice_rows = (blocks + slices - 1) / slices * kMaxBlockRows;
+  slices = (m + slice_rows - 1) / slice_rows;
+  const int64_t tasks = groups * slices;
+  kernels::run_chunk_loop(
+      tasks, static_cast<int>(std::min(threads, tasks)), [&](int64_t t) {
+        const int64_t row0 = t % slices * slice_rows;
+        body(t / slices, row0, std::min(m, row0 + slice_rows));
+      });
 }
 
 }  // namespace
@@ -232,14 +253,15 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
   const int64_t panels = panel_count(b.n);
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
-  for_panel_groups(b.n, b.k * kGroupPanels * kPanelWidth * 4, [&](int64_t g) {
+  for_panel_groups(b.n, m, b.k * kGroupPanels * kPanelWidth * 4,
+                   [&](int64_t g, int64_t row0, int64_t row1) {
     const int64_t p0 = g * kGroupPanels;
     const int64_t np = std::min(kGroupPanels, panels - p0);
     const int64_t col0 = p0 * kPanelWidth;
     const PanelRun<float> run{b.data + p0 * panel_stride, panel_stride,
                               std::min(b.n - col0, np * kPanelWidth)};
-    for (int64_t r = 0; r < m; r += kMaxBlockRows) {
-      const int64_t rows = std::min(kMaxBlockRows, m - r);
+    for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
+      const int64_t rows = std::min(kMaxBlockRows, row1 - r);
       kernels.table[rows - 1][np - 1](a + r * lda, lda, b.k, run,
                                       bias ? bias + col0 : nullptr,
                                       c + r * ldc + col0, ldc);
@@ -259,14 +281,15 @@ void skinny_gemm_bf16_pairs(const uint32_t* a_pairs, int64_t m,
   const int64_t panels = panel_count(b.n);
   const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
   for_panel_groups(
-      b.n, k_pairs * kGroupPanels * kPanelWidth * 4, [&](int64_t g) {
+      b.n, m, k_pairs * kGroupPanels * kPanelWidth * 4,
+      [&](int64_t g, int64_t row0, int64_t row1) {
         const int64_t p0 = g * kGroupPanels;
         const int64_t np = std::min(kGroupPanels, panels - p0);
         const int64_t col0 = p0 * kPanelWidth;
         const PanelRun<uint16_t> run{b.data + p0 * panel_stride, panel_stride,
                                      std::min(b.n - col0, np * kPanelWidth)};
-        for (int64_t r = 0; r < m; r += kMaxBlockRows) {
-          const int64_t rows = std::min(kMaxBlockRows, m - r);
+        for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
+          const int64_t rows = std::min(kMaxBlockRows, row1 - r);
           kernels.table[rows - 1][np - 1](
               a_pairs + r * k_pairs, k_pairs, k_pairs, run,
               bias ? bias + col0 : nullptr, c + r * ldc + col0, ldc);
