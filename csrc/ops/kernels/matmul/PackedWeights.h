@@ -3,7 +3,9 @@
 // ember storage, same view, same version counter) is packed once into the
 // layout its kernel wants and reused on every later call:
 //
-//   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h)
+//   kPanelsF32 / kPanelsBf16  skinny GEMM (M <= 16) panels (SkinnyGemm.h);
+//                             kPanelsF32 also serves more rows on non-Intel
+//                             AVX-512 CPUs (the panel kernel)
 //   kMklF32                   MKL's packed B (MklPackedGemm.h), the fp32
 //                             route of more than 16 rows on Intel CPUs
 //   kOneDnn / kOneDnnBf16     oneDNN's blocked weight (fp32, or bf16 for bf16
