@@ -28,12 +28,6 @@ std::atomic<bool> forked_broken{false};
 // idle and synchronize_all has nothing to wait for (the common synchronous
 // case pays one load per host read).
 std::atomic<bool> any_work_queued{false};
-// Streams capturing a graph, process-wide: synchronize_all must reach a
-// capturing stream (to refuse the wait) even when nothing was ever queued.
-std::atomic<int> capturing_streams{0};
-// Of those, the ones whose capture forbids device-wide waits from every
-// thread (CaptureMode::kGlobal).
-std::atomic<int> global_mode_captures{0};
 
 // Current stream id of each pool on this thread; pools this thread never
 // set a stream on are absent and use the default stream.
@@ -322,89 +316,6 @@ void Stream::wait_queue_for_run() {
   raise_pending_error(lock);
 }
 
-void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
-                           CaptureMode mode) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (capture_ != nullptr) {
-    throw CaptureError("stream " + std::to_string(id_) + " of device " +
-                       std::to_string(device_index_) +
-                       " is already capturing a graph");
-  }
-  graph->set_capturing(true, this);
-  capture_ = std::move(graph);
-  capture_mode_ = mode;
-  capture_thread_ = std::this_thread::get_id();
-  capture_raw_.store(capture_.get(), std::memory_order_release);
-  if (mode == CaptureMode::kGlobal) {
-    global_mode_captures.fetch_add(1, std::memory_order_release);
-  }
-  capturing_streams.fetch_add(1, std::memory_order_release);
-}
-
-std::shared_ptr<CapturedGraph> Stream::end_capture() {
-  std::shared_ptr<CapturedGraph> graph;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    capture_raw_.store(nullptr, std::memory_order_release);
-    if (capture_ != nullptr) {
-      capture_->set_capturing(false);
-      if (capture_mode_ == CaptureMode::kGlobal) {
-        global_mode_captures.fetch_sub(1, std::memory_order_release);
-      }
-      capturing_streams.fetch_sub(1, std::memory_order_release);
-    }
-    graph = std::move(capture_);
-  }
-  // Outside this stream's lock: Event::block takes a joiner's lock and then
-  // reads the origin's.
-  if (graph != nullptr) {
-    for (Stream* joined : graph->joined()) joined->leave_capture(graph.get());
-  }
-  return graph;
-}
-
-void Stream::join_capture(std::shared_ptr<CapturedGraph> graph,
-                          Stream& origin) {
-  CaptureMode mode;
-  std::thread::id thread;
-  {
-    std::lock_guard<std::mutex> lock(origin.mutex_);
-    mode = origin.capture_mode_;
-    thread = origin.capture_thread_;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (capture_ != nullptr) return;  // already in a capture
-  graph->add_joined(this);
-  capture_ = std::move(graph);
-  capture_mode_ = mode;
-  capture_thread_ = thread;
-  capture_raw_.store(capture_.get(), std::memory_order_release);
-  if (mode == CaptureMode::kGlobal) {
-    global_mode_captures.fetch_add(1, std::memory_order_release);
-  }
-  capturing_streams.fetch_add(1, std::memory_order_release);
-}
-
-void Stream::leave_capture(const CapturedGraph* graph) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (capture_.get() != graph) return;
-  capture_raw_.store(nullptr, std::memory_order_release);
-  if (capture_mode_ == CaptureMode::kGlobal) {
-    global_mode_captures.fetch_sub(1, std::memory_order_release);
-  }
-  capturing_streams.fetch_sub(1, std::memory_order_release);
-  capture_.reset();
-}
-
-std::optional<CaptureMode> Stream::capture_forbidding_wait() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (capture_ == nullptr) return std::nullopt;
-  const bool forbids = capture_mode_ == CaptureMode::kGlobal ||
-                       (capture_mode_ == CaptureMode::kThreadLocal &&
-                        capture_thread_ == std::this_thread::get_id());
-  return forbids ? std::optional<CaptureMode>(capture_mode_) : std::nullopt;
-}
-
 void Stream::synchronize() {
   if (capture() != nullptr) [[unlikely]] {
     throw CaptureError(
@@ -521,7 +432,7 @@ std::vector<Stream*> snapshot(std::mutex& mutex,
 void StreamPool::synchronize_all() {
   Stream::note_host_wait();
   if (!any_work_queued.load(std::memory_order_acquire) &&
-      capturing_streams.load(std::memory_order_acquire) == 0) {
+      !any_stream_capturing()) {
     return;
   }
   // A snapshot: the waits (on work that may create streams) hold no lock.
@@ -540,30 +451,6 @@ void StreamPool::synchronize_all() {
     }
   }
   if (first_error) std::rethrow_exception(first_error);
-}
-
-void StreamPool::refuse_wait_during_capture(
-    const std::vector<Stream*>& streams) const {
-  if (capturing_streams.load(std::memory_order_acquire) == 0) return;
-  const auto refuse = [](const std::string& where, CaptureMode mode) {
-    throw CaptureError(
-        "operation not permitted when stream is capturing: a device-wide "
-        "wait while " +
-        where + " captures a graph with capture_error_mode=\"" +
-        capture_mode_name(mode) +
-        "\" (end the capture first, or capture with \"relaxed\")");
-  };
-  for (Stream* stream : streams) {
-    if (const auto mode = stream->capture_forbidding_wait()) {
-      refuse("stream " + std::to_string(stream->id()) + " of device " +
-                 std::to_string(stream->device_index()),
-             *mode);
-    }
-  }
-  // A global-mode capture forbids the wait whatever device it is on.
-  if (global_mode_captures.load(std::memory_order_acquire) > 0) {
-    refuse("a stream of another device", CaptureMode::kGlobal);
-  }
 }
 
 void StreamPool::collect_finished() {

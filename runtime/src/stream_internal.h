@@ -1,4 +1,5 @@
-// Internals streams and events share (stream.cpp, event.cpp).
+// Internals streams and events share (stream.cpp, stream_capture.cpp,
+// event.cpp).
 #pragma once
 
 #include <atomic>
@@ -16,5 +17,9 @@ struct EventState {
 
 // Throws ForkedWithWorkInFlight in a child forked while work was queued.
 void check_not_forked_broken();
+
+// Whether any stream of the process is capturing a graph
+// (stream_capture.cpp).
+bool any_stream_capturing();
 
 }  // namespace ember::runtime

@@ -213,10 +213,10 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
     // Taller A: MKL's packed GEMM on Intel CPUs, elsewhere ember's panel
     // kernel (faster than oneDNN's packed matmul on every BERT/GPT-2 linear
     // measured on a Zen 4 host: SkinnyGemm.h), oneDNN without AVX-512.
-    plan.packed = packed_weight(b, mkl_takes(a, b) ? PackKind::kMklF32
-                                   : skinny_f32_supported()
-                                       ? PackKind::kPanelsF32
-                                       : PackKind::kOneDnn);
+    plan.packed =
+        packed_weight(b, mkl_takes(a, b)          ? PackKind::kMklF32
+                         : skinny_f32_supported() ? PackKind::kPanelsF32
+                                                  : PackKind::kOneDnn);
   } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16) {
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
@@ -428,8 +428,9 @@ std::optional<at::Tensor> fast_linear_epilogue(const at::Tensor& bias,
   const std::optional<Plan> route = plan(bias, a, b, 1, 1);
   // MKL's route and fp32 panels apply the activation to the product in
   // place, with the kernels the unfused ops use.
-  if (route && (route->packed->kind == PackKind::kMklF32 ||
-                (route->packed->kind == PackKind::kPanelsF32 && !route->bf16))) {
+  if (route &&
+      (route->packed->kind == PackKind::kMklF32 ||
+       (route->packed->kind == PackKind::kPanelsF32 && !route->bf16))) {
     return run_direct_result(*route, a, epilogue);
   }
   // Epilogues fuse where the operands' dtype is the pack's (not "medium").

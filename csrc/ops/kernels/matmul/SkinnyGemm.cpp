@@ -152,12 +152,13 @@ void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
     const int64_t grain = std::max<int64_t>(
         1, kBytesPerTask / std::max<int64_t>(1, bytes_per_group));
     const int64_t chunks = (groups + grain - 1) / grain;
-    kernels::run_chunk_loop(
-        chunks, static_cast<int>(std::min(threads, chunks)),
-        [&](int64_t chunk) {
-          const int64_t end = std::min(groups, (chunk + 1) * grain);
-          for (int64_t g = chunk * grain; g < end; ++g) body(g, 0, m);
-        });
+    kernels::run_chunk_loop(chunks, static_cast<int>(std::min(threads, chunks)),
+                            [&](int64_t chunk) {
+                              const int64_t end =
+                                  std::min(groups, (chunk + 1) * grain);
+                              for (int64_t g = chunk * grain; g < end; ++g)
+                                body(g, 0, m);
+                            });
     return;
   }
   const int64_t blocks = (m + kMaxBlockRows - 1) / kMaxBlockRows;
@@ -253,20 +254,21 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
   const int64_t panels = panel_count(b.n);
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
-  for_panel_groups(b.n, m, b.k * kGroupPanels * kPanelWidth * 4,
-                   [&](int64_t g, int64_t row0, int64_t row1) {
-    const int64_t p0 = g * kGroupPanels;
-    const int64_t np = std::min(kGroupPanels, panels - p0);
-    const int64_t col0 = p0 * kPanelWidth;
-    const PanelRun<float> run{b.data + p0 * panel_stride, panel_stride,
-                              std::min(b.n - col0, np * kPanelWidth)};
-    for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
-      const int64_t rows = std::min(kMaxBlockRows, row1 - r);
-      kernels.table[rows - 1][np - 1](a + r * lda, lda, b.k, run,
-                                      bias ? bias + col0 : nullptr,
-                                      c + r * ldc + col0, ldc);
-    }
-  });
+  for_panel_groups(
+      b.n, m, b.k * kGroupPanels * kPanelWidth * 4,
+      [&](int64_t g, int64_t row0, int64_t row1) {
+        const int64_t p0 = g * kGroupPanels;
+        const int64_t np = std::min(kGroupPanels, panels - p0);
+        const int64_t col0 = p0 * kPanelWidth;
+        const PanelRun<float> run{b.data + p0 * panel_stride, panel_stride,
+                                  std::min(b.n - col0, np * kPanelWidth)};
+        for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
+          const int64_t rows = std::min(kMaxBlockRows, row1 - r);
+          kernels.table[rows - 1][np - 1](a + r * lda, lda, b.k, run,
+                                          bias ? bias + col0 : nullptr,
+                                          c + r * ldc + col0, ldc);
+        }
+      });
 }
 
 namespace {
