@@ -174,6 +174,34 @@ void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
       });
 }
 
+// C = A @ B (+ bias) by `kernels` (a KernelTable of either precision):
+// every panel group of B against A's rows in blocks of up to 6, each
+// kernel call given A's rows (row stride lda, k of A's elements per row),
+// B's panels of the group and C's columns of the group.
+template <class Table, class AElement, class BElement>
+void run_panel_blocks(const Table& kernels, const AElement* a, int64_t lda,
+                      int64_t m, int64_t k, const BElement* b, int64_t n,
+                      int64_t panel_stride, const float* bias, float* c,
+                      int64_t ldc) {
+  const int64_t panels = panel_count(n);
+  const int64_t group_bytes =
+      panel_stride * kGroupPanels * static_cast<int64_t>(sizeof(BElement));
+  for_panel_groups(
+      n, m, group_bytes, [&](int64_t g, int64_t row0, int64_t row1) {
+        const int64_t p0 = g * kGroupPanels;
+        const int64_t np = std::min(kGroupPanels, panels - p0);
+        const int64_t col0 = p0 * kPanelWidth;
+        const PanelRun<BElement> run{b + p0 * panel_stride, panel_stride,
+                                     std::min(n - col0, np * kPanelWidth)};
+        for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
+          const int64_t rows = std::min(kMaxBlockRows, row1 - r);
+          kernels.table[rows - 1][np - 1](a + r * lda, lda, k, run,
+                                          bias ? bias + col0 : nullptr,
+                                          c + r * ldc + col0, ldc);
+        }
+      });
+}
+
 }  // namespace
 
 size_t PanelPackedF32::bytes(int64_t k, int64_t n) {
@@ -251,24 +279,10 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
                      const PanelPackedF32& b, const float* bias, float* c,
                      int64_t ldc) {
   static const KernelTable<F32Block, MakeF32> kernels;
-  const int64_t panels = panel_count(b.n);
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
-  for_panel_groups(
-      b.n, m, b.k * kGroupPanels * kPanelWidth * 4,
-      [&](int64_t g, int64_t row0, int64_t row1) {
-        const int64_t p0 = g * kGroupPanels;
-        const int64_t np = std::min(kGroupPanels, panels - p0);
-        const int64_t col0 = p0 * kPanelWidth;
-        const PanelRun<float> run{b.data + p0 * panel_stride, panel_stride,
-                                  std::min(b.n - col0, np * kPanelWidth)};
-        for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
-          const int64_t rows = std::min(kMaxBlockRows, row1 - r);
-          kernels.table[rows - 1][np - 1](a + r * lda, lda, b.k, run,
-                                          bias ? bias + col0 : nullptr,
-                                          c + r * ldc + col0, ldc);
-        }
-      });
+  run_panel_blocks(kernels, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
+                   ldc);
 }
 
 namespace {
@@ -280,23 +294,8 @@ void skinny_gemm_bf16_pairs(const uint32_t* a_pairs, int64_t m,
                             float* c, int64_t ldc) {
   static const KernelTable<Bf16Block, MakeBf16> kernels;
   const int64_t k_pairs = even(b.k) / 2;
-  const int64_t panels = panel_count(b.n);
-  const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
-  for_panel_groups(
-      b.n, m, k_pairs * kGroupPanels * kPanelWidth * 4,
-      [&](int64_t g, int64_t row0, int64_t row1) {
-        const int64_t p0 = g * kGroupPanels;
-        const int64_t np = std::min(kGroupPanels, panels - p0);
-        const int64_t col0 = p0 * kPanelWidth;
-        const PanelRun<uint16_t> run{b.data + p0 * panel_stride, panel_stride,
-                                     std::min(b.n - col0, np * kPanelWidth)};
-        for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
-          const int64_t rows = std::min(kMaxBlockRows, row1 - r);
-          kernels.table[rows - 1][np - 1](
-              a_pairs + r * k_pairs, k_pairs, k_pairs, run,
-              bias ? bias + col0 : nullptr, c + r * ldc + col0, ldc);
-        }
-      });
+  run_panel_blocks(kernels, a_pairs, k_pairs, m, k_pairs, b.data, b.n,
+                   k_pairs * 2 * kPanelWidth, bias, c, ldc);
 }
 
 // A's rows as bf16 pairs (at most 16 rows, once per call).
