@@ -200,7 +200,8 @@ def packed_weights_info() -> dict[str, int | str]:
     ``admissions_refused``: packs not made because the budget was full of
     packs used as often, docs/backends.md) and ``"library"``:
     whose packed GEMM runs fp32 GEMMs of more than 16 rows on this CPU
-    (``"mkl"`` on Intel CPUs, ``"onednn"`` elsewhere). ``"bytes"`` is what
+    (``"mkl"`` on Intel CPUs, ``"panels"`` -- ember's own panel kernel --
+    on other CPUs with AVX-512, ``"onednn"`` elsewhere). ``"bytes"`` is what
     the byte budget (``packed_weights_limit``) counts: the packed data (MKL's
     packs also reserve room they never write, which memory statistics count).
     A GEMM operand that comes
