@@ -297,20 +297,9 @@ at::Tensor onednn_product(const Plan& plan, Epilogue epilogue,
   // fp32 operands on a bf16 pack: "medium" precision.
   const bool medium = plan.packed->kind == PackKind::kOneDnnBf16 &&
                       a.scalar_type() == at::kFloat;
-  if (!medium) {
-    // oneDNN's tanh-GELU post-op rounds differently from ember's gelu_tanh
-    // kernel, which the MKL route and the unfused op use: applied after the
-    // product instead, so a fused call has the unfused ops' bits on every
-    // CPU (AMD hosts take this route).
-    if (epilogue == Epilogue::kGeluTanh && a.scalar_type() == at::kFloat &&
-        kernels::vector_math_supported()) {
-      at::Tensor result = onednn_linear(a, *plan.packed, bias);
-      apply_epilogue(result.mutable_data_ptr<float>(), result.size(0),
-                     result.size(1), result.stride(0), epilogue);
-      return result;
-    }
-    return onednn_linear(a, *plan.packed, bias, epilogue);
-  }
+  // (fp32 reaches oneDNN only without AVX-512, where ember has no tanh-GELU
+  // kernel: oneDNN's post-op is the one rounding there.)
+  if (!medium) return onednn_linear(a, *plan.packed, bias, epilogue);
   // "medium": bf16 operands, fp32 accumulation; the result comes back in
   // bf16 (as ATen's bf16 GEMM gives it) and the bias is added in fp32.
   at::Tensor result =
