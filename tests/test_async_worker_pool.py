@@ -1,6 +1,7 @@
 """The stream worker and OpenMP (ops/DeviceScope.h, run_split_free): ATen
 kernels whose bits do not depend on their thread split (mul, div, relu,
-argmax, copies, cat, index_select, layer norm) run on the worker with a
+argmax, copies, cat, index_select, layer norm, and softmax along the last
+dimension below 64 Ki results) run on the worker with a
 one-thread team, so the worker never gets a libgomp pool of its own beside
 the host thread's (two pools on the process's cores make libgomp throttle
 both); a pool the worker did open (a reduction, a GEMM) ends once the worker
@@ -59,6 +60,9 @@ queued(lambda: torch.cat([x, x]))
 queued(lambda: x.float().contiguous())
 queued(lambda: torch.nn.functional.layer_norm(x, (500,)))
 queued(lambda: x.index_select(0, torch.arange(300, device="ember")))
+rows = torch.randn(200, 300, device="ember")  # below 64 Ki results
+queued(lambda: rows.softmax(-1))
+queued(lambda: rows.log_softmax(1))
 split_free = threads()
 # a reduction keeps the worker's thread count
 reduction = threads_after_queued(lambda: x.float().sum(0))
@@ -129,6 +133,38 @@ def test_layer_norm_with_mixed_dtypes_stays_synchronous_and_correct():
         got = torch.native_layer_norm(x.to("ember"), (64,), w.to("ember"), b.to("ember"), 1e-5)
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == e.dtype and torch.equal(g.cpu(), e)
+
+
+ROWWISE = [(torch.softmax, "aten::_softmax"), (torch.log_softmax, "aten::_log_softmax")]
+
+
+@pytest.mark.parametrize("fn, op", ROWWISE, ids=["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(fn, op, dtype):
+    """CPU's softmax kernels along the last dimension give each row wholly to
+    one thread, so their bits do not depend on the thread count (checked
+    here, since RowwiseOutForm in ops/LaunchedOps.h relies on it) and the
+    worker runs a small one on one thread: CPU's result, launched."""
+    torch.manual_seed(0)
+    x = (torch.randn(37, 129) * 4).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        by_threads = []
+        for count in (1, 2, 3, 7):
+            torch.set_num_threads(count)
+            by_threads.append(fn(x, -1))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(by_threads[0], other) for other in by_threads[1:])
+    x_ember = x.to("ember")
+    torch_ember.reset_launch_stats()
+    with torch.backends.ember.flags(async_execution=True):
+        stream = torch.ember.current_stream()
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+        got = fn(x_ember, 1)  # dim 1 is the last one
+        torch.ember.synchronize()
+    assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
+    assert torch.equal(got.cpu(), fn(x, -1))
 
 
 @pytest.mark.parametrize("queued", [True, False], ids=["on_the_worker", "at_the_call"])

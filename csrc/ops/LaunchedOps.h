@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/WrapDimMinimal.h>
 
 #include <optional>
 #include <string>
@@ -83,6 +84,33 @@ struct OutForm {
 };
 template <class OutOp>
 using SplitFreeOutForm = OutForm<OutOp, /*SplitFree=*/true>;
+
+// The out= form of _softmax and _log_softmax. Along the last dimension
+// CPU's kernel gives each row wholly to one thread, so its bits do not
+// depend on the split (checked at 1, 2, 3 and 7 threads in
+// tests/test_async_execution.py), and a call below inline_result_numel()
+// elements, which a stream worker runs, takes one thread there: a
+// multi-thread region on the worker wakes the worker's own OpenMP pool
+// (run_split_free), which made an 8x8 softmax cost 38-46 us instead of 3
+// (2-core Zen 4 host). Other dims, and larger calls, as OutForm.
+template <class OutOp>
+struct RowwiseOutForm {
+  static void run(at::Tensor& out, const at::Tensor& self, int64_t dim,
+                  bool half_to_float) {
+    const auto kernel = [&] {
+      OutOp::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), self, dim,
+                        half_to_float, out);
+    };
+    const bool along_rows =
+        self.dim() > 0 &&
+        c10::maybe_wrap_dim(dim, self.dim()) == self.dim() - 1;
+    if (along_rows && out.numel() < inline_result_numel()) {
+      run_split_free(kernel);
+    } else {
+      kernel();
+    }
+  }
+};
 
 // Whether a launched kernel form declares itself split-free (kSplitFree).
 template <class Kernel>

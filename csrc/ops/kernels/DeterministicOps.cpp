@@ -360,7 +360,8 @@ at::Tensor rows_along(const at::Tensor& x, int64_t dim) {
 
 at::Tensor softmax(T self, int64_t dim, bool half_to_float) {
   if (!flags::deterministic() || inner_size(self, dim) == 1) {
-    return unboxed::launched<ops::_softmax, unboxed::OutForm<ops::_softmax_out>,
+    return unboxed::launched<ops::_softmax,
+                             unboxed::RowwiseOutForm<ops::_softmax_out>,
                              layouts::Softmax, T, int64_t, bool>(self, dim,
                                                                  half_to_float);
   }

@@ -120,8 +120,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Under determinism these two take a fixed-order path (DeterministicOps).
   m.impl("_softmax", TORCH_FN(kernels::deterministic::softmax));
   m.impl("_log_softmax",
-         TORCH_FN((launched<ops::_log_softmax, OutForm<ops::_log_softmax_out>,
-                            lay::LogSoftmax, T, int64_t, bool>)));
+         TORCH_FN(
+             (launched<ops::_log_softmax, RowwiseOutForm<ops::_log_softmax_out>,
+                       lay::LogSoftmax, T, int64_t, bool>)));
   m.impl("gelu", TORCH_FN(kernels::gelu));
   m.impl("relu", TORCH_FN((launched<ops::relu, ReluKernel, lay::Relu, T>)));
   m.impl("tanh", TORCH_FN(kernels::tanh));
