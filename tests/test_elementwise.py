@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import torch_ember  # noqa: F401
+import torch_ember
 
 DEVICE = "ember"
 EPS32 = torch.finfo(torch.float32).eps
@@ -202,3 +202,130 @@ def test_bf16_gelu_tanh_is_the_fp32_kernel_rounded_once():
     fp32 = F.gelu(x.float().to(DEVICE), approximate="tanh").cpu()
     assert torch.equal(out.view(torch.int16), fp32.bfloat16().view(torch.int16))
     torch.testing.assert_close(out, F.gelu(x, approximate="tanh"))
+
+
+# --------------------------------------------------- add, sub, mul, div, relu
+# ember's loop over flat fp32 operands (elementwise/Arithmetic.cpp): one
+# correctly rounded IEEE operation per element, so CPU's bits exactly.
+
+ARITH = {
+    "add": lambda x, y: x + y,
+    "sub": lambda x, y: x - y,
+    "mul": lambda x, y: x * y,
+    "div": lambda x, y: x / y,
+    "relu": lambda x, y: torch.relu(x),
+}
+ARITH_ROUTE = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "relu": "relu"}
+
+
+def _special_fp32(shape, seed):
+    """Random values with NaN, infinities, signed zeros, denormals and
+    values near fp32's range mixed in."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.exp(torch.randn(shape, generator=g) * 4)
+    flat = x.view(-1)
+    special = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, -1e-40, 3e38, -3e38]
+    )
+    take = min(flat.numel(), special.numel())
+    pos = torch.randperm(flat.numel(), generator=g)[:take]
+    flat[pos] = special[:take]
+    return x
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int32)
+
+
+def _needs_avx512():
+    if not be.capabilities()["avx512f"]:
+        pytest.skip("ember's arithmetic loop needs AVX-512F")
+
+
+@pytest.fixture
+def _async_execution():
+    previous = be.async_execution
+    be.async_execution = True
+    yield
+    torch.ember.synchronize()
+    be.async_execution = previous
+
+
+@pytest.mark.usefixtures("_async_execution")
+@pytest.mark.parametrize("shape", [(8, 8), (1, 1, 3072), (2, 1, 3), (), (100_003,)])
+@pytest.mark.parametrize("other", ["tensor", "float", "int", "huge"])
+@pytest.mark.parametrize("op", sorted(ARITH))
+def test_arithmetic_is_cpus_bits_and_layout(op, other, shape, capfd):
+    _needs_avx512()
+    x = _special_fp32(shape, 1)
+    y = {
+        "tensor": _special_fp32(shape, 2),
+        "float": 0.044715,
+        "int": 3,
+        "huge": 1e300,  # inf in fp32, as CPU's kernel converts it
+    }[other]
+    ye = y.to(DEVICE) if isinstance(y, torch.Tensor) else y
+    with be.verbose(1):
+        out = ARITH[op](x.to(DEVICE), ye)
+    assert f"ember/{ARITH_ROUTE[op]}" in capfd.readouterr().err
+    ref = ARITH[op](x, y)
+    assert out.shape == ref.shape and out.stride() == ref.stride() and out.dtype == ref.dtype
+    assert torch.equal(_bits(out.cpu()), _bits(ref))
+
+
+@pytest.mark.usefixtures("_async_execution")
+@pytest.mark.parametrize(
+    "name, fn",
+    [
+        ("alpha", lambda x, y: torch.add(x, y, alpha=2)),
+        ("broadcast", lambda x, y: x + y[:1]),
+        ("transposed", lambda x, y: x.t() * y.t()),
+        ("strided", lambda x, y: x[:, ::2] - y[:, ::2]),
+        ("size1_odd_strides", lambda x, y: x[:1, :1].expand(1, 1) / y[:1, :1]),
+        ("bf16", lambda x, y: x.bfloat16() * y.bfloat16()),
+        ("host_tensor", lambda x, y: x * torch.tensor(2.0)),
+        ("complex_scalar", lambda x, y: x * 1j),
+        ("empty", lambda x, y: x[:0] + y[:0]),
+    ],
+)
+def test_arithmetic_outside_the_loop_is_cpus(name, fn, capfd):
+    x, y = torch.randn(6, 8), torch.randn(6, 8)
+    with be.verbose(1):
+        out = fn(x.to(DEVICE), y.to(DEVICE))
+    log = capfd.readouterr().err
+    assert not any(f"ember/{r}" in log for r in ARITH_ROUTE.values()), name
+    ref = fn(x, y)
+    assert out.shape == ref.shape and out.stride() == ref.stride() and out.dtype == ref.dtype
+    assert torch.equal(out.cpu(), ref)
+
+
+@pytest.mark.usefixtures("_async_execution")
+def test_arithmetic_is_launched_and_keeps_its_operands_alive():
+    _needs_avx512()
+    torch_ember.reset_launch_stats()
+    base = torch.ember.memory_allocated()
+    a = torch.full((1 << 16,), 3.0, device=DEVICE)
+    b = torch.full((1 << 16,), 0.5, device=DEVICE)
+    stream = torch.ember.current_stream()
+    torch_ember._C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.1)
+    c = torch.relu(a * b - 1.0)  # queued behind the sleep
+    assert not stream.query()
+    del a, b  # the queued work still reads them
+    junk = [torch.full((1 << 16,), -7.0, device=DEVICE) for _ in range(4)]
+    assert torch.equal(c.cpu(), torch.full((1 << 16,), 0.5))
+    stats = torch_ember.launch_stats()
+    for op in ("aten::mul.Tensor", "aten::sub.Tensor", "aten::relu"):
+        assert stats[op]["launched"] == 1, op
+    del c, junk
+    torch.ember.synchronize()
+    assert torch.ember.memory_allocated() == base
+
+
+@pytest.mark.cpu_parity
+@pytest.mark.parametrize("op", sorted(ARITH))
+def test_arithmetic_under_cpu_parity_is_cpus_kernel(op, capfd):
+    x, y = torch.randn(64), torch.randn(64)
+    with be.flags(cpu_parity=True), be.verbose(1):
+        out = ARITH[op](x.to(DEVICE), y.to(DEVICE))
+    assert "ember/" not in capfd.readouterr().err
+    assert torch.equal(out.cpu(), ARITH[op](x, y))

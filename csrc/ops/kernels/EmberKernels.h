@@ -102,6 +102,14 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
     double dropout_p, bool is_causal,
     const std::optional<at::Tensor>& attn_mask, std::optional<double> scale);
 
+// elementwise/Arithmetic.cpp: ember's loop over flat fp32 operands.
+at::Tensor add(const at::Tensor& self, const at::Tensor& other,
+               const at::Scalar& alpha);
+at::Tensor sub(const at::Tensor& self, const at::Tensor& other,
+               const at::Scalar& alpha);
+at::Tensor mul(const at::Tensor& self, const at::Tensor& other);
+at::Tensor div(const at::Tensor& self, const at::Tensor& other);
+at::Tensor relu(const at::Tensor& self);
 // elementwise/Activations.cpp: ember's vector kernels by default.
 at::Tensor tanh(const at::Tensor& self);
 at::Tensor gelu(const at::Tensor& self, c10::string_view approximate);

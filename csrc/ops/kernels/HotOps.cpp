@@ -8,15 +8,11 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/argmax_ops.h>
-#include <ATen/ops/clamp_min_ops.h>
-#include <ATen/ops/div_ops.h>
 #include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_copy_ops.h>
 #include <ATen/ops/mul_ops.h>
 #include <ATen/ops/pow_ops.h>
-#include <ATen/ops/relu_ops.h>
-#include <ATen/ops/sub_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <c10/core/DispatchKeySet.h>
@@ -37,15 +33,6 @@ using T = const at::Tensor&;
 using S = const at::Scalar&;
 
 namespace ops = at::_ops;
-
-// relu's CPU kernel is clamp_min(self, 0).
-struct ReluKernel {
-  static constexpr bool kSplitFree = true;
-  static void run(at::Tensor& out, const at::Tensor& self) {
-    ops::clamp_min_out::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   self, 0, out);
-  }
-};
 
 // pow(tensor, scalar): launched, or under determinism the chunked
 // elementwise path (ops/RegisterDeterministicOps.cpp).
@@ -88,18 +75,11 @@ at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
-  m.impl("add.Tensor",
-         TORCH_FN((launched<ops::add_Tensor, OutForm<ops::add_out>, lay::Add, T,
-                            T, S>)));
-  m.impl("sub.Tensor",
-         TORCH_FN((launched<ops::sub_Tensor, OutForm<ops::sub_out>, lay::Sub, T,
-                            T, S>)));
-  m.impl("mul.Tensor",
-         TORCH_FN((launched<ops::mul_Tensor, SplitFreeOutForm<ops::mul_out>,
-                            lay::Mul, T, T>)));
-  m.impl("div.Tensor",
-         TORCH_FN((launched<ops::div_Tensor, SplitFreeOutForm<ops::div_out>,
-                            lay::Div, T, T>)));
+  // ember's loop where it applies (elementwise/Arithmetic.cpp).
+  m.impl("add.Tensor", TORCH_FN(kernels::add));
+  m.impl("sub.Tensor", TORCH_FN(kernels::sub));
+  m.impl("mul.Tensor", TORCH_FN(kernels::mul));
+  m.impl("div.Tensor", TORCH_FN(kernels::div));
   m.impl("pow.Tensor_Scalar", TORCH_FN(pow_tensor_scalar));
   // Attention masks (transformers' decode step: a synchronous where drained
   // the queue 12 times per token).
@@ -124,7 +104,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
              (launched<ops::_log_softmax, RowwiseOutForm<ops::_log_softmax_out>,
                        lay::LogSoftmax, T, int64_t, bool>)));
   m.impl("gelu", TORCH_FN(kernels::gelu));
-  m.impl("relu", TORCH_FN((launched<ops::relu, ReluKernel, lay::Relu, T>)));
+  m.impl("relu", TORCH_FN(kernels::relu));
   m.impl("tanh", TORCH_FN(kernels::tanh));
 }
 
