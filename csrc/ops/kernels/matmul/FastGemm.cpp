@@ -238,49 +238,73 @@ const char* direct_route(const Plan& plan, Epilogue epilogue) {
                                      : "panels/packed";
 }
 
-// The skinny kernel or MKL's packed GEMM (the kernels that write straight
-// into `out`: rows of unit stride, row stride ldc); `bias` is the plan's, as
-// a tensor the caller may read (ember or its CPU alias).
-void run_direct(const Plan& plan, const at::Tensor& a,
-                const std::optional<at::Tensor>& bias, const at::Tensor& out,
+// What the direct kernels (the skinny kernel, MKL's packed GEMM) read and
+// write: raw rows of unit stride. A and out are `rows` x K and `rows` x N
+// (N, K: the pack's), row strides lda and ldc; `bias` N elements or null.
+struct DirectOperands {
+  const void* a = nullptr;
+  int64_t lda = 0;
+  int64_t rows = 0;
+  at::ScalarType dtype = at::kFloat;
+  const void* bias = nullptr;
+  void* out = nullptr;
+  int64_t ldc = 0;
+
+  static DirectOperands of(const at::Tensor& a,
+                           const std::optional<at::Tensor>& bias,
+                           const at::Tensor& out) {
+    return {a.const_data_ptr(),
+            a.stride(0),
+            a.size(0),
+            a.scalar_type(),
+            bias ? bias->const_data_ptr() : nullptr,
+            out.mutable_data_ptr(),
+            out.stride(0)};
+  }
+};
+
+// A CPU tensor over `rows` x `cols` elements of `dtype` at `data`.
+at::Tensor host_rows(const void* data, int64_t rows, int64_t cols, int64_t ld,
+                     at::ScalarType dtype) {
+  return at::from_blob(const_cast<void*>(data), {rows, cols}, {ld, 1},
+                       at::TensorOptions().dtype(dtype));
+}
+
+// The skinny kernel or MKL's packed GEMM, writing straight into the result.
+void run_direct(const Plan& plan, const DirectOperands& op,
                 Epilogue epilogue = Epilogue::kNone) {
+  const int64_t n = plan.packed->n;
   if (plan.watched.written_since()) [[unlikely]] {
-    const_cast<at::Tensor&>(out).copy_(
-        unpacked_linear(a, plan.watched.weight_cpu, bias, epilogue));
+    const auto bias = op.bias == nullptr
+                          ? std::nullopt
+                          : std::optional<at::Tensor>(
+                                host_rows(op.bias, 1, n, n, op.dtype).view(n));
+    host_rows(op.out, op.rows, n, op.ldc, op.dtype)
+        .copy_(unpacked_linear(
+            host_rows(op.a, op.rows, plan.packed->k, op.lda, op.dtype),
+            plan.watched.weight_cpu, bias, epilogue));
     return;
   }
   if (plan.packed->kind == PackKind::kMklF32) {
-    float* c = out.mutable_data_ptr<float>();
-    mkl_packed_gemm_f32(
-        a.const_data_ptr<float>(), a.stride(0), a.size(0), plan.packed->k,
-        plan.packed->n, plan.packed->panels.get(),
-        bias ? bias->const_data_ptr<float>() : nullptr, c, out.stride(0));
-    apply_epilogue(c, a.size(0), plan.packed->n, out.stride(0), epilogue);
-    observe::mark_path(observe::ExecutionPath::kNative,
-                       direct_route(plan, epilogue));
-    return;
-  }
-  if (a.scalar_type() == at::kBFloat16) {
-    const auto bits = [](const at::Tensor& t) {
-      return static_cast<const uint16_t*>(t.const_data_ptr());
-    };
-    skinny_gemm_bf16(bits(a), a.stride(0), a.size(0), plan.packed->bf16(),
-                     bias ? bits(*bias) : nullptr,
-                     static_cast<uint16_t*>(out.mutable_data_ptr()),
-                     out.stride(0));
-    observe::mark_path(observe::ExecutionPath::kNative,
-                       direct_route(plan, epilogue));
-    return;
-  }
-  const float* bias_f32 = bias ? bias->const_data_ptr<float>() : nullptr;
-  float* c = out.mutable_data_ptr<float>();
-  if (plan.bf16) {
-    skinny_gemm_bf16(a.const_data_ptr<float>(), a.stride(0), a.size(0),
-                     plan.packed->bf16(), bias_f32, c, out.stride(0));
+    float* c = static_cast<float*>(op.out);
+    mkl_packed_gemm_f32(static_cast<const float*>(op.a), op.lda, op.rows,
+                        plan.packed->k, n, plan.packed->panels.get(),
+                        static_cast<const float*>(op.bias), c, op.ldc);
+    apply_epilogue(c, op.rows, n, op.ldc, epilogue);
+  } else if (op.dtype == at::kBFloat16) {
+    skinny_gemm_bf16(static_cast<const uint16_t*>(op.a), op.lda, op.rows,
+                     plan.packed->bf16(), static_cast<const uint16_t*>(op.bias),
+                     static_cast<uint16_t*>(op.out), op.ldc);
+  } else if (plan.bf16) {
+    skinny_gemm_bf16(static_cast<const float*>(op.a), op.lda, op.rows,
+                     plan.packed->bf16(), static_cast<const float*>(op.bias),
+                     static_cast<float*>(op.out), op.ldc);
   } else {
-    skinny_gemm_f32(a.const_data_ptr<float>(), a.stride(0), a.size(0),
-                    plan.packed->f32(), bias_f32, c, out.stride(0));
-    apply_epilogue(c, a.size(0), plan.packed->n, out.stride(0), epilogue);
+    float* c = static_cast<float*>(op.out);
+    skinny_gemm_f32(static_cast<const float*>(op.a), op.lda, op.rows,
+                    plan.packed->f32(), static_cast<const float*>(op.bias), c,
+                    op.ldc);
+    apply_epilogue(c, op.rows, n, op.ldc, epilogue);
   }
   observe::mark_path(observe::ExecutionPath::kNative,
                      direct_route(plan, epilogue));
@@ -373,13 +397,43 @@ template <class MakeOut>
 std::optional<at::Tensor> launch_direct(const Plan& plan, const at::Tensor& a,
                                         MakeOut&& make_out,
                                         Epilogue epilogue = Epilogue::kNone) {
-  return unboxed::launch_into(
-      direct_launch_name(plan), std::forward<MakeOut>(make_out),
-      [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
-                       const std::optional<at::Tensor>& cbias) {
-        run_direct(plan, ca, cbias, o, epilogue);
-      },
-      a, plan.bias);
+  const std::string& name = direct_launch_name(plan);
+  if (!launch_async() || flags::verbose_level() > 0) {
+    // A graph capturing with asynchronous execution off records the kernel
+    // (launch_into's synchronous form); otherwise nothing (nullopt).
+    return unboxed::launch_into(
+        name, std::forward<MakeOut>(make_out),
+        [plan, epilogue](const at::Tensor& o, const at::Tensor& ca,
+                         const std::optional<at::Tensor>& cbias) {
+          run_direct(plan, DirectOperands::of(ca, cbias, o), epilogue);
+        },
+        a, plan.bias);
+  }
+  // The kernels read raw rows: the queued work keeps the operands' storages
+  // and where their rows are (no CPU aliases; a later change of a tensor's
+  // metadata on the host does not reach it).
+  at::Tensor out = make_out();
+  unboxed::note_result_writes(out);
+  struct Queued {
+    Plan plan;
+    Epilogue epilogue;
+    DirectOperands operands;
+    c10::Storage a, bias, out;
+  } queued{plan,
+           epilogue,
+           DirectOperands::of(a, plan.bias, out),
+           a.storage(),
+           plan.bias ? plan.bias->storage() : c10::Storage(),
+           out.storage()};
+  if (launch_on_device(
+          a.device().index(), name.c_str(),
+          [q = std::move(queued)] {
+            run_direct(q.plan, q.operands, q.epilogue);
+          },
+          out.numel())) {
+    count_launch(name);
+  }
+  return out;
 }
 
 // A direct kernel's result: launched, or run at the call.
@@ -397,7 +451,7 @@ at::Tensor run_direct_result(const Plan& plan, const at::Tensor& a,
   at::Tensor out;
   run_on_device(a.device().index(), [&] {
     out = make_out();
-    run_direct(plan, a, plan.bias, out, epilogue);
+    run_direct(plan, DirectOperands::of(a, plan.bias, out), epilogue);
   });
   return out;
 }
@@ -481,7 +535,9 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
                     [&] { const_cast<at::Tensor&>(out).copy_(result); });
     }
   } else if (!launch_direct(*route, a, [&] { return out; })) {
-    run_on_device(device, [&] { run_direct(*route, a, route->bias, out); });
+    run_on_device(device, [&] {
+      run_direct(*route, DirectOperands::of(a, route->bias, out));
+    });
   }
   return true;
 }
