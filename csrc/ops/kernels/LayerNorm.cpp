@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/native_layer_norm_ops.h>
 #include <c10/util/DimVector.h>
 #include <c10/util/accumulate.h>
@@ -19,8 +20,7 @@
 #include <string>
 #include <tuple>
 
-#include "ops/CpuAlias.h"
-#include "ops/DelegationCall.h"
+#include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 
@@ -64,22 +64,47 @@ bool launchable(T input, OptT weight, OptT bias) {
           unboxed::plain_contiguous(*bias, dtype));
 }
 
+// A contiguous tensor as queued work keeps it: its storage (alive until the
+// work has run), where its elements start and its sizes, read at the call;
+// the worker builds the CPU tensor the kernel takes (the host makes no CPU
+// alias: at a batch-1 step's sizes the six of them cost more than the kernel).
+struct ContiguousView {
+  c10::Storage storage;
+  void* data = nullptr;
+  c10::SmallVector<int64_t, 5> sizes;
+  at::ScalarType dtype = at::kFloat;
+
+  static ContiguousView of(const at::Tensor& t) {
+    if (!t.defined()) return {};
+    return {t.storage(), const_cast<void*>(t.const_data_ptr()),
+            c10::SmallVector<int64_t, 5>(t.sizes().begin(), t.sizes().end()),
+            t.scalar_type()};
+  }
+  at::Tensor cpu() const {
+    if (data == nullptr) return at::Tensor();
+    return at::from_blob(data, sizes, at::TensorOptions().dtype(dtype));
+  }
+};
+
+// Weight and bias on the input's device (or absent); anything else takes
+// the delegation, which raises CPU's or the device check's error.
+bool on_device_of(T input, OptT t) {
+  return !t.has_value() || !t->defined() || t->device() == input.device();
+}
+
 Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
                          OptT weight, OptT bias, double eps) {
-  if (!launchable(input, weight, bias)) {
+  if (!launchable(input, weight, bias) || !input.is_privateuseone() ||
+      !on_device_of(input, weight) || !on_device_of(input, bias)) {
     return unboxed::functional<Op, T, c10::SymIntArrayRef, OptT, OptT, double>(
         input, normalized_shape, weight, bias, eps);
   }
   const at::Tensor gamma = weight.value_or(at::Tensor());
   const at::Tensor beta = bias.value_or(at::Tensor());
   const c10::IntArrayRef normalized = C10_AS_INTARRAYREF_SLOW(normalized_shape);
-  DelegationCall call(unboxed::op_name<Op>(), /*accepts_cpu_tensors=*/false);
-  at::Tensor x = call.to_cpu(input, false);
-  at::Tensor g = call.to_cpu(gamma, false);
-  at::Tensor b = call.to_cpu(beta, false);
-  call.settle();
-  // CPU's argument checks, raising what its kernel raises.
-  (void)at::native::_check_layer_norm_inputs(x, normalized, g, b);
+  observe::mark_path(observe::ExecutionPath::kDelegated);
+  // CPU's argument checks (shapes only), raising what its kernel raises.
+  (void)at::native::_check_layer_norm_inputs(input, normalized, gamma, beta);
   // CPU's result shapes: the output like the input, the statistics with
   // the normalized dimensions kept as 1s.
   const int64_t axis = input.dim() - static_cast<int64_t>(normalized.size());
@@ -93,15 +118,20 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
                                               input.sizes().begin() + axis);
   const int64_t row_size = input.numel() / rows;  // launchable: not empty
   const bool queued = launch_on_device(
-      call.device(), unboxed::op_name<Op>().c_str(),
-      [x, g, b, eps, rows, row_size, out_cpu = cpu_alias(out),
-       mean_cpu = cpu_alias(mean), rstd_cpu = cpu_alias(rstd)]() mutable {
+      input.device().index(), unboxed::op_name<Op>().c_str(),
+      [x = ContiguousView::of(input), g = ContiguousView::of(gamma),
+       b = ContiguousView::of(beta), y = ContiguousView::of(out),
+       m = ContiguousView::of(mean), r = ContiguousView::of(rstd), eps, rows,
+       row_size] {
         // CPU's kernel (the one native_layer_norm calls) writing into the
         // results: no allocation or copy on the worker. Rows are
         // normalised one per thread: split-free.
+        at::Tensor out_cpu = y.cpu();
+        at::Tensor mean_cpu = m.cpu();
+        at::Tensor rstd_cpu = r.cpu();
         run_split_free([&] {
-          cpu_layer_norm_kernel()(x, g, b, rows, row_size, eps, &out_cpu,
-                                  &mean_cpu, &rstd_cpu);
+          cpu_layer_norm_kernel()(x.cpu(), g.cpu(), b.cpu(), rows, row_size,
+                                  eps, &out_cpu, &mean_cpu, &rstd_cpu);
         });
       },
       out.numel());
