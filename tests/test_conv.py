@@ -64,9 +64,10 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
     xe, we = x.to(DEVICE), w.to(DEVICE)
     be_ = None if b is None else b.to(DEVICE)
     outs = [F.conv2d(xe, we, be_, **kw) for _ in range(3)]  # 2nd call packs
-    # NCHW 1x1 stride-1 convolutions take the channel GEMM (below): no pack.
-    channel_gemm = k == 1 and stride == 1 and padding == 0 and groups == 1
-    channel_gemm = channel_gemm and not channels_last and h * w_ >= 16
+    # NCHW 1x1 unpadded convolutions of 16 output pixels or more take the
+    # channel GEMM (below): no pack.
+    channel_gemm = k == 1 and padding == 0 and groups == 1 and not channels_last
+    channel_gemm = channel_gemm and cpu.shape[2] * cpu.shape[3] >= 16
     assert be.packed_weights_info()["packs"] == (0 if channel_gemm else 1)
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
@@ -134,37 +135,55 @@ def test_route_is_observable(capfd):
     assert "onednn/packed" in capfd.readouterr().err
 
 
-# 1x1 convolutions of NCHW images with at least 16 pixels run as ember's
-# channel GEMM (out = W @ x per image on the NCHW layout, no pack).
+# 1x1 unpadded convolutions of NCHW images with at least 16 output pixels
+# run as ember's channel GEMM (out = W @ x per image on the NCHW layout, no
+# pack); a strided one on the pixels it reads, gathered image by image.
 POINTWISE_CASES = [
-    ((1, 64, 16, 16), 256),  # full 8-row x 48-column blocks
-    ((2, 37, 20, 19), 13),  # row and column tails, two images
-    ((1, 5, 8, 16), 70),  # 128 pixels, K below a register's width
-    ((3, 300, 16, 17), 9),  # long K, few rows: the rows split across threads
-    ((2, 37, 7, 7), 19),  # 49 pixels: 3 panels + 1 dot-product column, odd K
-    ((1, 300, 14, 14), 12),  # 196 pixels: 12 panels + 4 dot-product columns
-    ((1, 16, 4, 5), 33),  # 20 pixels: 1 panel + 4 dot-product columns
+    ((1, 64, 16, 16), 256, 1),  # full 8-row x 48-column blocks
+    ((2, 37, 20, 19), 13, 1),  # row and column tails, two images
+    ((1, 5, 8, 16), 70, 1),  # 128 pixels, K below a register's width
+    ((3, 300, 16, 17), 9, 1),  # long K, few rows: the rows split across threads
+    ((2, 37, 7, 7), 19, 1),  # 49 pixels: 3 panels + 1 dot-product column, odd K
+    ((1, 300, 14, 14), 12, 1),  # 196 pixels: 12 panels + 4 dot-product columns
+    ((1, 16, 4, 5), 33, 1),  # 20 pixels: 1 panel + 4 dot-product columns
+    ((1, 64, 16, 16), 128, 2),  # a downsampling shortcut: 8 x 8 pixels
+    ((2, 37, 15, 13), 19, 2),  # odd sizes: the last row and column are read
+    ((1, 8, 6, 33), 24, 2),  # rows of 17 gathered pixels: a vector group + 1
+    ((1, 8, 5, 80), 16, 2),  # rows of 40: two vector groups + 8
+    ((2, 16, 33, 35), 24, 3),
+    ((3, 8, 40, 9), 5, (2, 1)),  # strides differ per dimension
+    ((1, 64, 7, 7), 16, 2),  # 16 pixels: the smallest that runs here
 ]
 
 
 @pytest.mark.parametrize("case", POINTWISE_CASES, ids=str)
 @pytest.mark.parametrize("bias", [True, False])
 def test_pointwise_conv_runs_as_a_channel_gemm_on_the_nchw_layout(case, bias, capfd):
-    (n, c, h, w_), co = case
+    (n, c, h, w_), co, stride = case
     torch.manual_seed(n * c + co)
     x, w = torch.randn(n, c, h, w_), torch.randn(co, c, 1, 1)
     b = torch.randn(co) if bias else None
-    cpu = F.conv2d(x, w, b)
+    cpu = F.conv2d(x, w, b, stride=stride)
     xe, we = x.to(DEVICE), w.to(DEVICE)
     be_ = None if b is None else b.to(DEVICE)
     with be.verbose(1):
-        outs = [F.conv2d(xe, we, be_) for _ in range(3)]
+        outs = [F.conv2d(xe, we, be_, stride=stride) for _ in range(3)]
     assert "channel-gemm" in capfd.readouterr().err
     assert be.packed_weights_info()["packs"] == 0  # the weight is read as it is
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
-        _check(out, x, w, b)
+        _check(out, x, w, b, stride=stride)
     assert torch.equal(outs[0].cpu(), outs[2].cpu())
+
+
+def test_a_strided_pointwise_conv_below_16_output_pixels_stays_on_onednn(capfd):
+    x, w = torch.randn(1, 64, 6, 6), torch.randn(32, 64, 1, 1)
+    xe, we = x.to(DEVICE), w.to(DEVICE)
+    with be.verbose(1):
+        outs = [F.conv2d(xe, we, stride=2) for _ in range(3)]  # 3 x 3 pixels
+    assert "channel-gemm" not in capfd.readouterr().err
+    assert be.packed_weights_info()["packs"] == 1
+    _check(outs[2], x, w, None, stride=2)
 
 
 def test_channel_gemm_is_bitwise_the_same_on_any_thread_count():
@@ -204,7 +223,7 @@ def test_channel_gemm_sees_weight_writes_and_trains():
 
 @pytest.mark.parametrize(
     "layout",
-    ["channels_last_input", "strided_input", "stride_2", "small_image"],
+    ["channels_last_input", "strided_input", "padded", "small_image"],
 )
 def test_other_pointwise_convs_keep_the_onednn_route(layout, capfd):
     torch.manual_seed(5)
@@ -215,8 +234,8 @@ def test_other_pointwise_convs_keep_the_onednn_route(layout, capfd):
     elif layout == "strided_input":
         wide = torch.randn(1, 32, 16, 32)
         x, xe = wide[..., ::2], wide.to(DEVICE)[..., ::2]
-    elif layout == "stride_2":
-        kw = {"stride": 2}
+    elif layout == "padded":
+        kw = {"padding": 1}
     else:
         x = torch.randn(1, 32, 3, 5)  # 15 pixels
     cpu = F.conv2d(x, w, **kw)

@@ -74,7 +74,44 @@ void transpose_tile_scalar(const float* src, int64_t src_stride, float* dst,
   }
 }
 
+// dst[i] = src[2 i] for i < count: 16 outputs per two loads and a permute.
+// The row holds at least 2 count - 1 elements, so the loads of src[2 i,
+// 2 i + 32) stay inside it while i + 16 < count; the rest one by one.
+__attribute__((target("avx512f"))) void even_elements(const float* src,
+                                                      float* dst,
+                                                      int64_t count) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20,
+                                         22, 24, 26, 28, 30);
+  int64_t i = 0;
+  for (; i + 16 < count; i += 16) {
+    const __m512 lo = _mm512_loadu_ps(src + 2 * i);
+    const __m512 hi = _mm512_loadu_ps(src + 2 * i + 16);
+    _mm512_storeu_ps(dst + i, _mm512_permutex2var_ps(lo, even, hi));
+  }
+  for (; i < count; ++i) dst[i] = src[2 * i];
+}
+
 }  // namespace
+
+void subsample_planes(const float* src, float* dst, int64_t c, int64_t h,
+                      int64_t w, int64_t stride_h, int64_t stride_w) {
+  static const bool avx512 = runtime::cpu_features().avx512f;
+  const int64_t out_h = (h - 1) / stride_h + 1;
+  const int64_t out_w = (w - 1) / stride_w + 1;
+  // Rows of output pixels are the tasks: (channel, output row) pairs.
+  parallel_chunks(c * out_h, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const float* s =
+          src + (row / out_h) * h * w + (row % out_h) * stride_h * w;
+      float* d = dst + row * out_w;
+      if (avx512 && stride_w == 2) {
+        even_elements(s, d, out_w);
+      } else {
+        for (int64_t x = 0; x < out_w; ++x) d[x] = s[x * stride_w];
+      }
+    }
+  });
+}
 
 void transpose_16x16(const float* src, int64_t src_stride, float* dst,
                      int64_t dst_stride) {

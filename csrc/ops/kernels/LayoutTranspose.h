@@ -17,6 +17,12 @@ inline void contiguous_to_channels_last(const float* src, float* dst, int64_t n,
   channels_last_to_contiguous(src, dst, n, hw, c);
 }
 
+// dst (C, Ho, Wo) = src (C, H, W)[:, ::stride_h, ::stride_w] for one
+// contiguous image: the pixels a 1x1 convolution of that stride reads
+// (Ho = (H - 1) / stride_h + 1, Wo likewise).
+void subsample_planes(const float* src, float* dst, int64_t c, int64_t h,
+                      int64_t w, int64_t stride_h, int64_t stride_w);
+
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 16, in
 // AVX-512 registers (callers check runtime::cpu_features().avx512f).
 void transpose_16x16(const float* src, int64_t src_stride, float* dst,
