@@ -187,9 +187,13 @@ _GEMM_AND_CONV_CASES = {
         lambda x, w, b: torch.baddbmm(b, x.view(4, 10, 24), _fresh(w).t().expand(4, 24, 32)),
         "aten::baddbmm",
     ),
-    # convolutions: x [1, 24, 5, 8], w [32, 24, k, k] (k = 1 for conv_1x1, else 3)
+    # convolutions: x [1, 24, 9, 8], w [32, 24, k, k] (k = 1 for conv_1x1, else 3)
     "conv_1x1": (lambda x, w, b: F.conv2d(x, w, b), "aten::convolution (channel-gemm)"),
     "conv_3x3": (lambda x, w, b: F.conv2d(x, w, b, padding=1), "aten::convolution (onednn)"),
+    "conv_3x3_small_output": (  # 7 x 6 pixels: im2col columns, channel GEMM
+        lambda x, w, b: F.conv2d(x, w, b, padding=1, dilation=2),
+        "aten::convolution (channel-gemm)",
+    ),
     "conv_3x3_stride_2": (
         lambda x, w, b: F.conv2d(x, w, None, stride=2),
         "aten::convolution (onednn)",
@@ -210,7 +214,7 @@ def test_gemms_and_convolutions_are_launched_and_equal_synchronous_execution(nam
     b = torch.randn(32).to("ember")
     if name.startswith("conv"):
         k = 1 if name == "conv_1x1" else 3
-        x = torch.randn(1, 24, 5, 8).to("ember")
+        x = torch.randn(1, 24, 9, 8).to("ember")
         w = torch.randn(32, 24, k, k).to("ember")
     fn(x, w, b)  # packs weights on first sight
     fn(x, w, b)

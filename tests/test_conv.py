@@ -64,10 +64,11 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
     xe, we = x.to(DEVICE), w.to(DEVICE)
     be_ = None if b is None else b.to(DEVICE)
     outs = [F.conv2d(xe, we, be_, **kw) for _ in range(3)]  # 2nd call packs
-    # NCHW 1x1 unpadded convolutions of 16 output pixels or more take the
-    # channel GEMM (below): no pack.
-    channel_gemm = k == 1 and padding == 0 and groups == 1 and not channels_last
-    channel_gemm = channel_gemm and cpu.shape[2] * cpu.shape[3] >= 16
+    # NCHW convolutions of 16 output pixels or more take the channel GEMM
+    # (below) when 1x1 and unpadded or of at most 64 output pixels: no pack.
+    pixels = cpu.shape[2] * cpu.shape[3]
+    channel_gemm = groups == 1 and not channels_last and pixels >= 16
+    channel_gemm = channel_gemm and (k == 1 and padding == 0 or pixels <= 64)
     assert be.packed_weights_info()["packs"] == (0 if channel_gemm else 1)
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
@@ -76,8 +77,9 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
 
 
 def test_weight_write_invalidates_pack():
+    # 10 x 10 outputs: above the gathered channel GEMM's 64 pixels.
     conv = torch.nn.Conv2d(8, 8, 3, padding=1).to(DEVICE)
-    x = torch.randn(1, 8, 6, 6, device=DEVICE)
+    x = torch.randn(1, 8, 10, 10, device=DEVICE)
     with torch.no_grad():
         conv(x), conv(x)
         assert be.packed_weights_info()["packs"] == 1
@@ -93,7 +95,7 @@ def test_weight_write_invalidates_pack():
 
 def test_pack_counts_in_memory_and_empty_cache_frees_it():
     conv = torch.nn.Conv2d(64, 64, 3).to(DEVICE)
-    x = torch.randn(1, 64, 8, 8, device=DEVICE)
+    x = torch.randn(1, 64, 12, 12, device=DEVICE)
     with torch.no_grad():
         conv(x), conv(x)
     packed = torch.ember.memory_stats()["packed_weight_bytes"]
@@ -127,7 +129,7 @@ def test_parity_switch_is_bitwise_and_packs_nothing():
 
 def test_route_is_observable(capfd):
     conv = torch.nn.Conv2d(8, 8, 3).to(DEVICE)
-    x = torch.randn(1, 8, 6, 6, device=DEVICE)
+    x = torch.randn(1, 8, 12, 12, device=DEVICE)
     with torch.no_grad():
         conv(x), conv(x)
         with be.verbose(1):
@@ -173,6 +175,39 @@ def test_pointwise_conv_runs_as_a_channel_gemm_on_the_nchw_layout(case, bias, ca
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
         _check(out, x, w, b, stride=stride)
+    assert torch.equal(outs[0].cpu(), outs[2].cpu())
+
+
+# Other windows with 16 to 64 output pixels (ResNet's 3x3 layers on 7x7
+# images) run as the channel GEMM on the image's im2col columns.
+GATHERED_CASES = [
+    ((1, 64, 7, 7), (32, 3, 3), {"padding": 1}),  # ResNet's last stage, narrower
+    ((2, 48, 14, 14), (40, 3, 3), {"padding": 1, "stride": 2}),  # into 7 x 7
+    ((1, 5, 9, 8), (7, 2, 3), {"padding": (1, 0), "stride": (1, 2), "dilation": (2, 1)}),
+    ((1, 3, 10, 10), (4, 5, 5), {"padding": 2, "stride": 2}),  # zero rows and columns
+    ((1, 16, 6, 6), (8, 1, 1), {"padding": 1}),  # a padded 1x1: 8 x 8 pixels
+    ((3, 17, 8, 40), (6, 3, 3), {"stride": 2}),  # unpadded stride 2: vector gather
+]
+
+
+@pytest.mark.parametrize("case", GATHERED_CASES, ids=str)
+@pytest.mark.parametrize("bias", [True, False])
+def test_small_outputs_run_as_a_channel_gemm_on_gathered_columns(case, bias, capfd):
+    (n, c, h, w_), (co, kh, kw_), kw = case
+    torch.manual_seed(n * c + co + kh)
+    x, w = torch.randn(n, c, h, w_), torch.randn(co, c, kh, kw_)
+    b = torch.randn(co) if bias else None
+    cpu = F.conv2d(x, w, b, **kw)
+    assert 16 <= cpu.shape[2] * cpu.shape[3] <= 64
+    xe, we = x.to(DEVICE), w.to(DEVICE)
+    be_ = None if b is None else b.to(DEVICE)
+    with be.verbose(1):
+        outs = [F.conv2d(xe, we, be_, **kw) for _ in range(3)]
+    assert "channel-gemm" in capfd.readouterr().err
+    assert be.packed_weights_info()["packs"] == 0
+    for out in outs:
+        assert out.shape == cpu.shape and out.stride() == cpu.stride()
+        _check(out, x, w, b, **kw)
     assert torch.equal(outs[0].cpu(), outs[2].cpu())
 
 

@@ -342,7 +342,8 @@ def test_conv2d_runs_zero_copy():
     out = F.conv2d(image.to("ember"), weight.to("ember"), bias.to("ember"), padding=1)
     assert torch_ember.fallback_stats() == {}
     assert out.device.type == "ember"
-    assert torch.equal(out.cpu(), F.conv2d(image, weight, bias, padding=1))
+    # 8 x 8 outputs run as ember's channel GEMM: within fp32 rounding of CPU.
+    torch.testing.assert_close(out.cpu(), F.conv2d(image, weight, bias, padding=1))
 
 
 # ---------------------------------------------------------------------------

@@ -93,24 +93,38 @@ __attribute__((target("avx512f"))) void even_elements(const float* src,
 
 }  // namespace
 
-void subsample_planes(const float* src, float* dst, int64_t c, int64_t h,
-                      int64_t w, int64_t stride_h, int64_t stride_w) {
+void im2col(const float* src, float* dst, const ConvWindow& g) {
   static const bool avx512 = runtime::cpu_features().avx512f;
-  const int64_t out_h = (h - 1) / stride_h + 1;
-  const int64_t out_w = (w - 1) / stride_w + 1;
-  // Rows of output pixels are the tasks: (channel, output row) pairs.
-  parallel_chunks(c * out_h, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      const float* s =
-          src + (row / out_h) * h * w + (row % out_h) * stride_h * w;
-      float* d = dst + row * out_w;
-      if (avx512 && stride_w == 2) {
-        even_elements(s, d, out_w);
-      } else {
-        for (int64_t x = 0; x < out_w; ++x) d[x] = s[x * stride_w];
-      }
-    }
-  });
+  const int64_t out_h = g.out_h();
+  const int64_t out_w = g.out_w();
+  const int64_t taps = g.kernel_h * g.kernel_w;
+  // Tasks: rows of output pixels, (channel, tap, output row) triples.
+  parallel_chunks(
+      g.channels * taps * out_h, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t oy = task % out_h;
+          const int64_t tap = task / out_h % taps;
+          const int64_t channel = task / (out_h * taps);
+          const int64_t ky = tap / g.kernel_w, kx = tap % g.kernel_w;
+          float* d = dst + task * out_w;
+          const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+          if (iy < 0 || iy >= g.height) {
+            std::fill(d, d + out_w, 0.0f);
+            continue;
+          }
+          const float* row = src + (channel * g.height + iy) * g.width;
+          const int64_t ix0 = kx * g.dilation_w - g.pad_w;
+          const int64_t ix_last = ix0 + (out_w - 1) * g.stride_w;
+          if (avx512 && g.stride_w == 2 && ix0 >= 0 && ix_last < g.width) {
+            even_elements(row + ix0, d, out_w);
+            continue;
+          }
+          for (int64_t ox = 0; ox < out_w; ++ox) {
+            const int64_t ix = ix0 + ox * g.stride_w;
+            d[ox] = ix >= 0 && ix < g.width ? row[ix] : 0.0f;
+          }
+        }
+      });
 }
 
 void transpose_16x16(const float* src, int64_t src_stride, float* dst,

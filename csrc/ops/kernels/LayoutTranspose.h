@@ -17,11 +17,27 @@ inline void contiguous_to_channels_last(const float* src, float* dst, int64_t n,
   channels_last_to_contiguous(src, dst, n, hw, c);
 }
 
-// dst (C, Ho, Wo) = src (C, H, W)[:, ::stride_h, ::stride_w] for one
-// contiguous image: the pixels a 1x1 convolution of that stride reads
-// (Ho = (H - 1) / stride_h + 1, Wo likewise).
-void subsample_planes(const float* src, float* dst, int64_t c, int64_t h,
-                      int64_t w, int64_t stride_h, int64_t stride_w);
+// A convolution's input window geometry for one image (C, H, W).
+struct ConvWindow {
+  int64_t channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  int64_t out_h() const {
+    return (height + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h +
+           1;
+  }
+  int64_t out_w() const {
+    return (width + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1;
+  }
+};
+
+// im2col: one contiguous image's pixels as the columns a GEMM with the
+// convolution's weight (Cout x C*kh*kw, row-major as the weight is) reads.
+// dst (C*kh*kw, Ho*Wo): row (c, ky, kx), column (oy, ox) is
+// src[c][oy*sh - ph + ky*dh][ox*sw - pw + kx*dw], zero outside the image.
+void im2col(const float* src, float* dst, const ConvWindow& window);
 
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 16, in
 // AVX-512 registers (callers check runtime::cpu_features().avx512f).
