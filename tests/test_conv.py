@@ -281,3 +281,31 @@ def test_other_pointwise_convs_keep_the_onednn_route(layout, capfd):
     assert "channel-gemm" not in capfd.readouterr().err
     assert out.stride() == cpu.stride()
     _check(out, x, w, None, **kw)
+
+
+# Invalid windows raise CPU's errors on every route (the channel GEMM's
+# 1x1 and small-output routes, oneDNN's), and the process goes on.
+@pytest.mark.parametrize("kernel", [1, 3])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"stride": 0},
+        {"stride": (1, 0)},
+        {"padding": -1},
+        {"dilation": 0},
+        {"dilation": (1, 9)},  # the dilated window is wider than the image
+    ],
+    ids=str,
+)
+def test_invalid_windows_raise_cpus_errors(kernel, bad):
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(6, 4, kernel, kernel)
+    if kernel == 1 and "dilation" in bad and bad["dilation"] != 0:
+        w = torch.randn(6, 4, 1, 2)  # a 1x1 window never exceeds the image
+    with pytest.raises(RuntimeError) as cpu_error:
+        F.conv2d(x, w, **bad)
+    xe, we = x.to(DEVICE), w.to(DEVICE)
+    for _ in range(2):  # the second call would find a pack
+        with pytest.raises(RuntimeError) as ember_error:
+            F.conv2d(xe, we, **bad)
+        assert str(ember_error.value) == str(cpu_error.value)
+    _check(F.conv2d(xe, we), x, w, None)

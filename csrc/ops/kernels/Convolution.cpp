@@ -380,17 +380,29 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
          (pointwise || pixels <= kMaxGatheredPixels);
 }
 
-// A buffer of this thread's for one gathered image (grown, never shrunk: it
-// holds the largest image gathered here).
-float* gather_scratch(int64_t floats) {
-  thread_local std::unique_ptr<float[]> buffer;
-  thread_local int64_t capacity = 0;
-  if (floats > capacity) {
-    buffer = std::make_unique<float[]>(static_cast<size_t>(floats));
-    capacity = floats;
+// A buffer of this thread's for one gathered image, kept for the next call
+// while it holds at most kKeptGatherFloats (4 MiB: every ResNet-50 layer
+// that gathers needs under 1 MiB); a larger one lives for its call only.
+constexpr int64_t kKeptGatherFloats = int64_t{1} << 20;
+
+struct GatherScratch {
+  std::unique_ptr<float[]> buffer;
+  int64_t capacity = 0;
+
+  float* get(int64_t floats) {
+    if (floats > capacity) {
+      buffer = std::make_unique<float[]>(static_cast<size_t>(floats));
+      capacity = floats;
+    }
+    return buffer.get();
   }
-  return buffer.get();
-}
+  void trim() {
+    if (capacity > kKeptGatherFloats) {
+      buffer.reset();
+      capacity = 0;
+    }
+  }
+};
 
 void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
                        const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -419,7 +431,8 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
     matmul::channel_gemm_f32(args);
     return;
   }
-  float* columns = gather_scratch(rows * pixels);
+  thread_local GatherScratch scratch;
+  float* columns = scratch.get(rows * pixels);
   const int64_t image_size = window.channels * window.height * window.width;
   for (int64_t image = 0; image < x.size(0); ++image) {
     im2col(x_data + image * image_size, columns, window);
@@ -427,6 +440,7 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
     args.out = out_data + image * args.out_image_stride;
     matmul::channel_gemm_f32(args);
   }
+  scratch.trim();
 }
 
 at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
@@ -466,6 +480,18 @@ std::vector<int64_t> concrete(c10::SymIntArrayRef values) {
   return out;
 }
 
+// Positive strides and dilations, no negative padding, and the dilated
+// kernel inside the padded image in both dimensions (what CPU checks).
+bool window_fits(const at::Tensor& input, const at::Tensor& weight,
+                 const ConvParams& p) {
+  for (int d = 0; d < 2; ++d) {
+    if (p.stride[d] < 1 || p.dilation[d] < 1 || p.padding[d] < 0) return false;
+    const int64_t extent = p.dilation[d] * (weight.size(2 + d) - 1) + 1;
+    if (input.size(2 + d) + 2 * p.padding[d] < extent) return false;
+  }
+  return true;
+}
+
 // The default: CPU's whole convolution path, through the boxed delegation.
 at::Tensor cpu_convolution(const at::Tensor& input, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias,
@@ -499,12 +525,14 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   }
   ConvParams params{concrete(stride), concrete(padding), concrete(dilation),
                     groups.guard_int(__FILE__, __LINE__)};
-  // Argument validation (shapes, channels, groups) is CPU's: an invalid
+  // Argument validation (shapes, channels, groups, strides, padding,
+  // dilation, a window larger than the padded image) is CPU's: an invalid
   // call never reaches the engine.
   if (params.stride.size() != 2 || params.padding.size() != 2 ||
       params.dilation.size() != 2 || weight.dim() != 4 ||
       input.size(1) != weight.size(1) * params.groups ||
-      weight.size(0) % params.groups != 0 || input.size(0) == 0) {
+      weight.size(0) % params.groups != 0 || input.size(0) == 0 ||
+      !window_fits(input, weight, params)) {
     return cpu_convolution(input, weight, bias, stride, padding, dilation,
                            transposed, output_padding, groups);
   }
