@@ -136,6 +136,14 @@ bench-breakdown: setup
 # Graph replay against eager (issue 12): mlp-b1 and GPT-2 small decode with a
 # static KV cache, one replay per call/token, against CPU and ember eager (~2 min).
 # Writes docs/bench/graphs.md.
+# ResNet-50's convolution layers one by one: ember's route (and its time)
+# against CPU eager NCHW, CPU channels-last and cpu_parity, rounds alternating
+# the systems (~1 min). Writes docs/bench/conv_layers.md.
+.PHONY: bench-conv
+
+bench-conv: setup
+	$(PY) benchmarks/conv_layers.py --out docs/bench/conv_layers.md
+
 # Serving throughput (issue 11): N BERT replicas on N devices that own their
 # cores vs one device owning them all, one 1-core device and CPU (~3 min).
 .PHONY: bench-serving

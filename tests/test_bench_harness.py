@@ -527,6 +527,23 @@ def test_op_breakdown_tiny(tmp_path):
         assert torch.backends.ember.cpu_parity == PARITY_AT_START
 
 
+def test_conv_layers_tiny(tmp_path):
+    if not hasattr(torch, "ember"):
+        pytest.skip("torch_ember is not loaded")
+    import conv_layers
+
+    async_before = torch.backends.ember.async_execution
+    out = tmp_path / "conv_layers.md"
+    rc = conv_layers.main(["--tiny", "--rounds", "1", "--calls", "1", "--out", str(out)])
+    assert rc == 0 and torch.backends.ember.async_execution == async_before
+    layers = conv_layers.conv_layers(tiny=True)
+    rows = [ln for ln in out.read_text().splitlines() if ln.startswith("| [")]
+    assert len(rows) == len(layers) >= 3
+    routes = [row.split("|")[-3].strip() for row in rows]
+    assert "channel-gemm" in routes and "?" not in routes, routes
+    assert all(float(row.split("|")[-2]) < 1e-5 for row in rows)  # max rel err vs float64
+
+
 # Wrong results of other systems that the suite reports as such (third-party bugs).
 KNOWN_WRONG = {
     # zentorch 2.13.0.2: Inductor hands zentorch_addmm the M=1 activation of a decode
