@@ -61,6 +61,18 @@ def queued_launches():
 
 
 @pytest.fixture
+def async_on():
+    """Asynchronous execution on for the test, launch counts reset; the
+    stream drained and the switch restored after it."""
+    previous = torch.backends.ember.async_execution
+    torch.backends.ember.async_execution = True
+    torch_ember.reset_launch_stats()
+    yield
+    torch.ember.synchronize()
+    torch.backends.ember.async_execution = previous
+
+
+@pytest.fixture
 def clean_memory():
     """Frees cached blocks and resets peak statistics of every ember device."""
     gc.collect()

@@ -14,37 +14,12 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
+from async_helpers import SLEEP, launched_count, sleep_on_stream
 
 import torch_ember
-from torch_ember import _C
 
 # Launch counts must not depend on whether a worker fell asleep (conftest).
-pytestmark = pytest.mark.usefixtures("queued_launches")
-
-# The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
-# MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
-PACKED_GEMM_UNIT = f"aten::addmm ({torch.backends.ember.packed_weights_info()['library']})"
-
-SLEEP = 0.3
-
-
-@pytest.fixture(autouse=True)
-def _async_on():
-    previous = torch.backends.ember.async_execution
-    torch.backends.ember.async_execution = True
-    torch_ember.reset_launch_stats()
-    yield
-    torch.ember.synchronize()
-    torch.backends.ember.async_execution = previous
-
-
-def _sleep(seconds=SLEEP, stream=None):
-    stream = stream or torch.ember.current_stream()
-    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, seconds)
-
-
-def _launched(op):
-    return torch_ember.launch_stats().get(op, {}).get("launched", 0)
+pytestmark = pytest.mark.usefixtures("queued_launches", "async_on")
 
 
 def _both_modes(fn):
@@ -63,20 +38,20 @@ def _both_modes(fn):
 
 def test_an_op_returns_before_its_work_has_run():
     x = torch.arange(8.0, device="ember")
-    _sleep()
+    sleep_on_stream()
     begin = time.monotonic()
     y = x * 2 + 1
     returned_after = time.monotonic() - begin
     assert returned_after < SLEEP / 2  # did not wait for the sleep
     assert not torch.ember.current_stream().query()  # still queued
     assert torch.equal(y.cpu(), torch.arange(8.0) * 2 + 1)
-    assert _launched("aten::mul.Tensor") == 1 and _launched("aten::add.Tensor") == 1
+    assert launched_count("aten::mul.Tensor") == 1 and launched_count("aten::add.Tensor") == 1
 
 
 def test_results_have_the_layout_of_synchronous_execution():
     x = torch.randn(4, 6, device="ember").t()  # non-contiguous
     y = torch.randn(6, 1, device="ember")
-    _sleep(0.05)
+    sleep_on_stream(0.05)
     z = x + y  # broadcast, TensorIterator's layout
     expected = x.cpu() + y.cpu()
     assert z.shape == expected.shape and z.stride() == expected.stride()
@@ -150,203 +125,15 @@ def test_launched_ops_equal_synchronous_execution(name, fn):
         assert torch.equal(launched, synchronous), name
 
 
-def _fresh(t):
-    """A new tensor with t's values: never seen before, so never packed."""
-    return t * 1
-
-
-# GEMMs of more than 16 rows (MKL or oneDNN, on a packed weight or not) and
-# convolutions (ember's channel GEMM, oneDNN on a packed weight): launched
-# into a result allocated at the call. name -> (fn(x, w, b), launched unit).
-_GEMM_AND_CONV_CASES = {
-    "linear_packed": (lambda x, w, b: F.linear(x, w, b), PACKED_GEMM_UNIT),
-    "linear_packed_no_bias": (lambda x, w, b: F.linear(x, w), PACKED_GEMM_UNIT),
-    "linear_packed_out": (
-        lambda x, w, b: torch.addmm(b, x, w.t(), out=torch.empty(40, 32, device=x.device)),
-        PACKED_GEMM_UNIT,
-    ),
-    "linear_skinny_out": (
-        lambda x, w, b: torch.mm(x[:3], w.t(), out=torch.empty(3, 32, device=x.device)),
-        "aten::addmm (skinny)",
-    ),
-    "mm": (lambda x, w, b: x @ _fresh(w).t(), "aten::mm"),
-    "addmm_broadcast_self": (lambda x, w, b: torch.addmm(b, x, _fresh(w).t()), "aten::addmm"),
-    "addmm_beta_alpha": (
-        lambda x, w, b: torch.addmm(b, x, _fresh(w).t(), beta=0.5, alpha=2.0),
-        "aten::addmm",
-    ),
-    "mm_out": (
-        lambda x, w, b: torch.mm(x, _fresh(w).t(), out=torch.empty(0, device=x.device)),
-        "aten::mm.out",
-    ),
-    "bmm": (
-        lambda x, w, b: torch.bmm(x.view(4, 10, 24), _fresh(w).t().expand(4, 24, 32)),
-        "aten::bmm",
-    ),
-    "baddbmm": (
-        lambda x, w, b: torch.baddbmm(b, x.view(4, 10, 24), _fresh(w).t().expand(4, 24, 32)),
-        "aten::baddbmm",
-    ),
-    # convolutions: x [1, 24, 9, 8], w [32, 24, k, k] (k = 1 for conv_1x1, else 3)
-    "conv_1x1": (lambda x, w, b: F.conv2d(x, w, b), "aten::convolution (channel-gemm)"),
-    "conv_3x3": (lambda x, w, b: F.conv2d(x, w, b, padding=1), "aten::convolution (onednn)"),
-    "conv_3x3_small_output": (  # 7 x 6 pixels: im2col columns, channel GEMM
-        lambda x, w, b: F.conv2d(x, w, b, padding=1, dilation=2),
-        "aten::convolution (channel-gemm)",
-    ),
-    "conv_3x3_stride_2": (
-        lambda x, w, b: F.conv2d(x, w, None, stride=2),
-        "aten::convolution (onednn)",
-    ),
-    "conv_channels_last": (
-        lambda x, w, b: F.conv2d(x.contiguous(memory_format=torch.channels_last), w, b, padding=1),
-        "aten::convolution (onednn)",
-    ),
-}
-
-
-@pytest.mark.parametrize("name", list(_GEMM_AND_CONV_CASES))
-def test_gemms_and_convolutions_are_launched_and_equal_synchronous_execution(name):
-    fn, unit = _GEMM_AND_CONV_CASES[name]
-    torch.manual_seed(0)
-    x = torch.randn(40, 24).to("ember")
-    w = torch.randn(32, 24).to("ember")
-    b = torch.randn(32).to("ember")
-    if name.startswith("conv"):
-        k = 1 if name == "conv_1x1" else 3
-        x = torch.randn(1, 24, 9, 8).to("ember")
-        w = torch.randn(32, 24, k, k).to("ember")
-    fn(x, w, b)  # packs weights on first sight
-    fn(x, w, b)
-    torch.ember.synchronize()
-    torch_ember.reset_launch_stats()
-    _sleep()
-    begin = time.monotonic()
-    launched = fn(x, w, b)
-    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
-    assert _launched(unit) == 1, torch_ember.launch_stats()
-    torch.backends.ember.async_execution = False
-    synchronous = fn(x, w, b)
-    torch.backends.ember.async_execution = True
-    assert launched.shape == synchronous.shape
-    assert launched.stride() == synchronous.stride()
-    assert torch.equal(launched.cpu(), synchronous.cpu())
-
-
-def _assert_launched_like_synchronous(fn, unit):
-    """fn() returns before the work queued ahead of it ran, is counted once
-    under `unit`, and equals its synchronous run (values, layout, dtype)."""
-    torch_ember.reset_launch_stats()
-    _sleep()
-    begin = time.monotonic()
-    launched = fn()
-    assert time.monotonic() - begin < SLEEP / 2  # returned before its work ran
-    assert _launched(unit) == 1, torch_ember.launch_stats()
-    torch.backends.ember.async_execution = False
-    synchronous = fn()
-    torch.backends.ember.async_execution = True
-    pairs = (
-        zip(launched, synchronous, strict=True)
-        if isinstance(launched, tuple)
-        else [(launched, synchronous)]
-    )
-    for a, b in pairs:
-        assert a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
-        assert torch.equal(a.cpu(), b.cpu())
-
-
-@pytest.mark.parametrize(
-    "name, unit",
-    [
-        ("batch_norm", "aten::native_batch_norm"),
-        ("batch_norm_channels_last", "aten::native_batch_norm"),
-        ("max_pool", "aten::max_pool2d_with_indices"),
-        ("max_pool_with_indices", "aten::max_pool2d_with_indices"),
-    ],
-)
-def test_inference_batch_norm_and_max_pool_are_launched(name, unit):
-    torch.manual_seed(0)
-    x = torch.randn(2, 6, 9, 11).to("ember")
-    if name.endswith("channels_last"):
-        x = x.contiguous(memory_format=torch.channels_last)
-    mean, var = torch.randn(6).to("ember"), torch.rand(6).add(0.5).to("ember")
-    weight, bias = torch.randn(6).to("ember"), torch.randn(6).to("ember")
-
-    def fn():
-        if name.startswith("batch_norm"):
-            return F.batch_norm(x, mean, var, weight, bias, training=False)
-        out = F.max_pool2d(x, 3, 2, 1, return_indices=name.endswith("indices"))
-        return out if isinstance(out, tuple) else (out,)
-
-    _assert_launched_like_synchronous(fn, unit)
-
-
-@pytest.mark.parametrize(
-    "name, unit",
-    [
-        ("mean_dim", "aten::mean.dim"),
-        ("mean_keepdim_dtype", "aten::mean.dim"),
-        ("sum_dim", "aten::sum.dim_IntList"),
-        ("sum_all_int", "aten::sum.dim_IntList"),
-        ("arange", "aten::arange.start_out"),
-        ("arange_float_step", "aten::arange.start_out"),
-    ],
-)
-def test_reductions_and_arange_are_launched(name, unit):
-    """The last waits of ResNet-50 (its global average pool: mean.dim) and
-    of a transformers decode step (cache_position: arange) are launched."""
-    torch.manual_seed(0)
-    x = torch.randn(2, 64, 7, 5).to("ember")
-    ints = torch.randint(-9, 9, (33, 7)).to("ember")
-    fn = {
-        "mean_dim": lambda: x.mean((-2, -1)),
-        "mean_keepdim_dtype": lambda: x.mean(1, keepdim=True, dtype=torch.float64),
-        "sum_dim": lambda: x.sum(0),
-        "sum_all_int": lambda: ints.sum(),
-        "arange": lambda: torch.arange(130, 131, device="ember"),
-        "arange_float_step": lambda: torch.arange(-1.5, 7.0, 0.25, device="ember"),
-    }[name]
-    _assert_launched_like_synchronous(fn, unit)
-
-
-def test_arange_errors_are_raised_at_the_call_and_out_is_resized():
-    _sleep(0.05)
-    with pytest.raises(RuntimeError, match="step must be nonzero"):
-        torch.arange(0, 5, 0, device="ember")
-    with pytest.raises(RuntimeError, match="upper bound and lower bound inconsistent"):
-        torch.arange(0, 5, -1, device="ember")
-    out = torch.full((2, 3), 7, dtype=torch.int64, device="ember")
-    torch.arange(4, 9, out=out)
-    assert out.shape == (5,) and out.cpu().tolist() == [4, 5, 6, 7, 8]
-    # A long range is computed where it lands (the synchronous delegation).
-    long = torch.arange(0, 1 << 17, device="ember")
-    assert torch.equal(long.cpu(), torch.arange(0, 1 << 17))
-
-
-def test_gemm_argument_errors_are_raised_at_the_call():
-    x = torch.randn(20, 8, device="ember")
-    y = torch.randn(8, 6, device="ember")
-    _sleep(0.05)
-    with pytest.raises(RuntimeError, match="cannot be multiplied"):
-        x @ torch.randn(7, 6, device="ember")
-    with pytest.raises(RuntimeError):  # self not broadcastable to 20x6
-        torch.addmm(torch.randn(5, device="ember"), x, y)
-    with pytest.raises(RuntimeError, match="same dtype|to have dtype"):
-        torch.mm(x, y, out=torch.empty(20, 6, dtype=torch.float64, device="ember"))
-    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
-        x @ y.cpu()
-    torch.testing.assert_close((x @ y).cpu(), x.cpu() @ y.cpu())  # nothing left broken
-
-
 def test_in_place_ops_keep_stream_order():
     x = torch.zeros(5, device="ember")
-    _sleep(0.05)
+    sleep_on_stream(0.05)
     x.add_(1)
     y = x * 2  # sees the add
     x.mul_(10)  # runs after y was computed
     assert torch.equal(y.cpu(), torch.full((5,), 2.0))
     assert torch.equal(x.cpu(), torch.full((5,), 10.0))
-    assert _launched("aten::add_.Tensor") == 1 and _launched("aten::mul_.Tensor") == 1
+    assert launched_count("aten::add_.Tensor") == 1 and launched_count("aten::mul_.Tensor") == 1
 
 
 # ---------------------------------------------------------- host reads wait
@@ -367,14 +154,14 @@ def test_in_place_ops_keep_stream_order():
 )
 def test_host_reads_see_every_launched_op(read, expected):
     x = torch.arange(3.0, device="ember")
-    _sleep(0.1)
+    sleep_on_stream(0.1)
     y = x + 3  # queued behind the sleep
     assert read(y) == expected
 
 
 def test_a_synchronous_op_after_launched_work_waits_and_is_counted():
     x = torch.arange(4.0, device="ember")
-    _sleep(0.05)
+    sleep_on_stream(0.05)
     y = x + 1
     z = torch.cumsum(y, 0)  # runs synchronously: waits for the add
     assert torch.equal(z.cpu(), torch.cumsum(torch.arange(4.0) + 1, 0))
@@ -430,7 +217,7 @@ def test_switching_async_off_runs_ops_at_the_call():
     y = x + 1
     assert torch.ember.current_stream().query()
     assert torch.equal(y.cpu(), torch.arange(3.0) + 1)
-    assert _launched("aten::add.Tensor") == 0
+    assert launched_count("aten::add.Tensor") == 0
 
 
 # ------------------------------------------------------------------- memory
@@ -439,7 +226,7 @@ def test_switching_async_off_runs_ops_at_the_call():
 def test_inputs_released_by_the_caller_stay_valid_until_their_work_ran():
     base = torch.ember.memory_allocated()
     x = torch.full((1 << 20,), 2.0, device="ember")
-    _sleep(0.1)
+    sleep_on_stream(0.1)
     y = x * 3
     del x  # the queued multiplication still reads it
     assert torch.equal(y[:4].cpu(), torch.full((4,), 6.0))
@@ -452,7 +239,7 @@ def test_growing_a_tensor_waits_for_the_work_writing_it():
     # resize_ copies the old bytes on the host and frees them: launched work
     # still writing them must have finished.
     x = torch.arange(4.0, device="ember")
-    _sleep(0.1)
+    sleep_on_stream(0.1)
     y = x + 1
     y.resize_(1 << 16)
     assert torch.equal(y[:4].cpu(), torch.arange(4.0) + 1)
@@ -474,7 +261,7 @@ def test_the_launch_queue_is_bounded():
 
 def test_flag_changes_wait_for_launched_work():
     x = torch.arange(4.0, device="ember")
-    _sleep(0.1)
+    sleep_on_stream(0.1)
     y = x + 1
     with torch.backends.ember.flags(cpu_parity=True):
         assert torch.ember.current_stream().query()  # drained first
@@ -486,10 +273,10 @@ def test_cpu_parity_launches_nothing(parity):
     x = torch.randn(256, device="ember")
     with torch.backends.ember.flags(async_execution=True, cpu_parity=parity):
         torch_ember.reset_launch_stats()
-        _sleep(0.05)  # queued work ahead: a launchable op would queue behind it
+        sleep_on_stream(0.05)  # queued work ahead: a launchable op would queue behind it
         y = torch.relu(x)
         torch.ember.synchronize()
-        launched = _launched("aten::relu")
+        launched = launched_count("aten::relu")
     assert launched == (0 if parity else 1)
     assert torch.equal(y.cpu(), torch.relu(x.cpu()))
 
@@ -501,7 +288,7 @@ def test_launched_work_on_two_streams_is_ordered_by_events():
     producer, consumer = torch.ember.Stream(), torch.ember.Stream()
     x = torch.arange(6.0, device="ember")
     with torch.ember.stream(producer):
-        _sleep(0.1, producer)
+        sleep_on_stream(0.1, producer)
         y = x * 2
         done = torch.ember.Event()
         done.record(producer)
@@ -599,4 +386,4 @@ def test_threads_devices_and_streams_under_load_match_cpu():
     for t in threads:
         t.join()
     assert not errors, errors
-    assert _launched("aten::add.Tensor") > 0
+    assert launched_count("aten::add.Tensor") > 0

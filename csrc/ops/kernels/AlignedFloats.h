@@ -18,6 +18,14 @@ class AlignedFloats {
     return storage_.data() + ((64 - address % 64) % 64) / sizeof(float);
   }
 
+  // Frees the buffer when it holds more than `n` floats (a thread-lived
+  // buffer that one large call grew need not keep that memory).
+  void release_above(int64_t n) {
+    if (static_cast<int64_t>(storage_.size()) > n + kLineFloats) {
+      std::vector<float>().swap(storage_);
+    }
+  }
+
  private:
   static constexpr int64_t kLineFloats = 64 / sizeof(float);
   std::vector<float> storage_;

@@ -19,7 +19,6 @@
 #include <ATen/ops/to_mkldnn_ops.h>
 
 #include <algorithm>
-#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -28,6 +27,7 @@
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/matmul/ChannelGemm.h"
@@ -380,29 +380,10 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
          (pointwise || pixels <= kMaxGatheredPixels);
 }
 
-// A buffer of this thread's for one gathered image, kept for the next call
+// The gathered image's buffer (one per thread) is kept for the next call
 // while it holds at most kKeptGatherFloats (4 MiB: every ResNet-50 layer
 // that gathers needs under 1 MiB); a larger one lives for its call only.
 constexpr int64_t kKeptGatherFloats = int64_t{1} << 20;
-
-struct GatherScratch {
-  std::unique_ptr<float[]> buffer;
-  int64_t capacity = 0;
-
-  float* get(int64_t floats) {
-    if (floats > capacity) {
-      buffer = std::make_unique<float[]>(static_cast<size_t>(floats));
-      capacity = floats;
-    }
-    return buffer.get();
-  }
-  void trim() {
-    if (capacity > kKeptGatherFloats) {
-      buffer.reset();
-      capacity = 0;
-    }
-  }
-};
 
 void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
                        const at::Tensor& w, const std::optional<at::Tensor>& b,
@@ -431,8 +412,8 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
     matmul::channel_gemm_f32(args);
     return;
   }
-  thread_local GatherScratch scratch;
-  float* columns = scratch.get(rows * pixels);
+  thread_local AlignedFloats scratch;
+  float* columns = scratch.resize(rows * pixels);
   const int64_t image_size = window.channels * window.height * window.width;
   for (int64_t image = 0; image < x.size(0); ++image) {
     im2col(x_data + image * image_size, columns, window);
@@ -440,7 +421,7 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
     args.out = out_data + image * args.out_image_stride;
     matmul::channel_gemm_f32(args);
   }
-  scratch.trim();
+  scratch.release_above(kKeptGatherFloats);
 }
 
 at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
