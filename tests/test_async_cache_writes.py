@@ -14,27 +14,12 @@ import warnings
 
 import pytest
 import torch
+from async_helpers import SLEEP, sleep_on_stream
 
 import torch_ember
-from torch_ember import _C
 
 # Launch counts must not depend on whether a worker fell asleep (conftest).
-pytestmark = pytest.mark.usefixtures("queued_launches")
-
-SLEEP = 0.3
-
-
-@pytest.fixture(autouse=True)
-def _async_on():
-    with torch.backends.ember.flags(async_execution=True):
-        torch_ember.reset_launch_stats()
-        yield
-        torch.ember.synchronize()
-
-
-def _sleep(seconds=SLEEP):
-    stream = torch.ember.current_stream()
-    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, seconds)
+pytestmark = pytest.mark.usefixtures("queued_launches", "async_on")
 
 
 def _stats(op):
@@ -45,7 +30,7 @@ def test_index_copy_is_launched_in_stream_order():
     cache = torch.zeros(1, 4, 10, 8, device="ember")
     step = torch.randn(1, 4, 1, 8, device="ember")
     position = torch.tensor([3], device="ember")
-    _sleep()
+    sleep_on_stream()
     begin = time.monotonic()
     written = step * 2  # queued behind the sleep: index_copy_ must see it
     cache.index_copy_(2, position, written)
@@ -61,7 +46,7 @@ def test_index_copy_is_launched_in_stream_order():
 
 def test_fill_is_launched_and_equals_synchronous_execution():
     x = torch.randn(5, 7, device="ember")
-    _sleep()
+    sleep_on_stream()
     begin = time.monotonic()
     full = torch.full((3, 4), -3.5, device="ember")
     view = x[1:4, ::2]
@@ -80,7 +65,7 @@ def test_fill_is_launched_and_equals_synchronous_execution():
 
 def test_cache_write_argument_errors_are_raised_at_the_call():
     cache = torch.zeros(2, 6, device="ember")
-    _sleep(0.05)
+    sleep_on_stream(0.05)
     with pytest.raises(IndexError, match="index_copy_"):  # as CPU raises
         cache.index_copy_(1, torch.tensor([0, 1], device="ember"), torch.ones(2, 3, device="ember"))
     with pytest.raises(IndexError):
@@ -94,7 +79,7 @@ def test_cache_write_argument_errors_are_raised_at_the_call():
 
 def test_zero_is_launched():
     x = torch.randn(4, 5, device="ember")
-    _sleep()
+    sleep_on_stream()
     begin = time.monotonic()
     z = torch.zeros(3, 3, device="ember")
     x[:, 1].zero_()
@@ -127,7 +112,7 @@ def test_where_is_launched_in_stream_order_and_equals_synchronous_execution():
     x = torch.randn(4, 1, 6, device="ember")
     scores = torch.randn(4, 5, 6, device="ember")
     mask = x > 0  # (a comparison runs at its call)
-    _sleep()
+    sleep_on_stream()
     begin = time.monotonic()
     scores = scores * 2  # queued behind the sleep: where must see it
     masked = torch.where(mask, scores, torch.tensor(float("-inf")))  # broadcast, host scalar

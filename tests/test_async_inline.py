@@ -10,13 +10,13 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from test_async_execution import _async_on, _launched, _sleep  # noqa: F401 (autouse fixture)
+from async_helpers import launched_count, sleep_on_stream
 
 import torch_ember
 from torch_ember import _C
 
 # Launch counts must not depend on whether a worker fell asleep (conftest).
-pytestmark = pytest.mark.usefixtures("queued_launches")
+pytestmark = pytest.mark.usefixtures("queued_launches", "async_on")
 
 # The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
 # MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
@@ -44,14 +44,14 @@ def test_a_large_result_runs_at_the_call_on_an_idle_stream_and_queues_behind_wor
     torch_ember.reset_launch_stats()
     at_call = fn(x, w)
     assert torch.ember.current_stream().query()  # nothing was queued
-    assert _launched(unit) == 0, torch_ember.launch_stats()
-    _sleep(0.1)
+    assert launched_count(unit) == 0, torch_ember.launch_stats()
+    sleep_on_stream(0.1)
     queued = fn(x, w)  # work is queued: the op queues behind it
     assert not torch.ember.current_stream().query()
-    assert _launched(unit) == 1, torch_ember.launch_stats()
+    assert launched_count(unit) == 1, torch_ember.launch_stats()
     torch.ember.synchronize()
     small = fn(x[:256], w)  # a small result is queued on an idle stream
-    assert _launched(unit) == 2, torch_ember.launch_stats()
+    assert launched_count(unit) == 2, torch_ember.launch_stats()
     torch.backends.ember.async_execution = False
     synchronous, small_synchronous = fn(x, w), fn(x[:256], w)
     torch.backends.ember.async_execution = True
@@ -121,7 +121,7 @@ def test_small_work_runs_at_the_call_while_the_worker_sleeps():
     stream, x = _a_sleeping_worker()
     y = x * 2
     z = y + 1
-    assert _launched("aten::mul.Tensor") == 0 and _launched("aten::add.Tensor") == 0
+    assert launched_count("aten::mul.Tensor") == 0 and launched_count("aten::add.Tensor") == 0
     assert stream.query()
     assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
     assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
@@ -138,7 +138,7 @@ def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
     rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id)
     y, steps = x, 0
     deadline = time.monotonic() + 10
-    while _launched("aten::mul.Tensor") == 0:
+    while launched_count("aten::mul.Tensor") == 0:
         assert time.monotonic() < deadline, "the worker was never roused"
         _busy_wait(pause)
         y, steps = y * 1.0001, steps + 1
@@ -172,7 +172,7 @@ def test_a_burst_spent_in_kernels_at_the_call_leaves_the_worker_asleep():
     # tip the share now and then.
     rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id) - rouses
     assert rouses <= rounds // 10, (rouses, rounds)
-    assert _launched("aten::mul.Tensor") <= rounds // 10, (rounds, torch_ember.launch_stats())
+    assert launched_count("aten::mul.Tensor") <= rounds // 10, (rounds, torch_ember.launch_stats())
     assert torch.equal(y.cpu(), x.cpu() * 2)
 
 
@@ -192,5 +192,5 @@ def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():
     # host thread descheduled for over 200 us inside a call (a loaded machine)
     # can still rouse the worker now and then.
     assert calls >= 20
-    assert _launched("aten::mul.Tensor") <= calls // 10, (calls, torch_ember.launch_stats())
+    assert launched_count("aten::mul.Tensor") <= calls // 10, (calls, torch_ember.launch_stats())
     assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
