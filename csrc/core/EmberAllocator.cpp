@@ -117,36 +117,34 @@ void copy_stat(const rt::Stat& from, c10::CachingAllocator::StatArray& to) {
 // work still holds memory (results and operands of queued ops, released as
 // the work completes), the submitting thread waits for the device's queues
 // and, if that released memory, tries once more before reporting
-// out-of-memory.
-rt::Allocation allocate_block(c10::DeviceIndex device, size_t bytes) {
+// out-of-memory. `huge_pages`: from the allocator's huge-page segments
+// (CachingAllocator::allocate_huge_pages).
+rt::Allocation allocate_block(c10::DeviceIndex device, size_t bytes,
+                              bool huge_pages = false) {
   return translate_runtime_errors([&] {
-    rt::Device& target = rt::device(device);
+    rt::CachingAllocator& allocator = rt::device(device).allocator();
+    const auto attempt = [&] {
+      return huge_pages ? allocator.allocate_huge_pages(bytes)
+                        : allocator.allocate(bytes);
+    };
     try {
-      return target.allocator().allocate(bytes);
+      return attempt();
     } catch (const rt::OutOfMemory&) {
       if (rt::in_stream_worker()) throw;
-      const int64_t held = target.allocator().stats().allocated_bytes.current;
-      target.synchronize();  // also releases finished work
-      if (target.allocator().stats().allocated_bytes.current == held) throw;
-      return target.allocator().allocate(bytes);
+      const int64_t held = allocator.stats().allocated_bytes.current;
+      rt::device(device).synchronize();  // also releases finished work
+      if (allocator.stats().allocated_bytes.current == held) throw;
+      return attempt();
     }
   });
 }
 
-}  // namespace
-
-c10::DataPtr EmberDeviceAllocator::allocate(size_t nbytes) {
-  return allocate_on(static_cast<c10::DeviceIndex>(rt::current_device()),
-                     nbytes, c10::DeviceType::PrivateUse1);
-}
-
-c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
-                                               size_t nbytes,
-                                               c10::DeviceType tag) {
+// The DataPtr of `allocation`, a block of `device` (an empty one for none).
+c10::DataPtr device_data(c10::DeviceIndex device, rt::Allocation allocation,
+                         size_t nbytes, c10::DeviceType tag) {
   const c10::Device tag_device = tag == c10::DeviceType::CPU
                                      ? c10::Device(c10::DeviceType::CPU)
                                      : c10::Device(tag, device);
-  rt::Allocation allocation = allocate_block(device, nbytes);
   if (allocation.block == nullptr) {
     return c10::DataPtr(nullptr, tag_device);
   }
@@ -159,6 +157,25 @@ c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
   }
   return c10::DataPtr(allocation.ptr, allocation.block, kDeleters[device],
                       tag_device);
+}
+
+}  // namespace
+
+c10::DataPtr EmberDeviceAllocator::allocate(size_t nbytes) {
+  return allocate_on(static_cast<c10::DeviceIndex>(rt::current_device()),
+                     nbytes, c10::DeviceType::PrivateUse1);
+}
+
+c10::DataPtr EmberDeviceAllocator::allocate_on(c10::DeviceIndex device,
+                                               size_t nbytes,
+                                               c10::DeviceType tag) {
+  return device_data(device, allocate_block(device, nbytes), nbytes, tag);
+}
+
+c10::DataPtr EmberDeviceAllocator::allocate_huge_pages_on(
+    c10::DeviceIndex device, size_t nbytes) {
+  return device_data(device, allocate_block(device, nbytes, true), nbytes,
+                     c10::DeviceType::PrivateUse1);
 }
 
 c10::DataPtr EmberDeviceAllocator::allocate_for_cpu_kernel(

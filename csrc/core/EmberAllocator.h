@@ -18,6 +18,10 @@ class EmberDeviceAllocator final : public c10::DeviceAllocator {
   // normally, CPU when a delegated CPU kernel is allocating on our behalf).
   c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes,
                            c10::DeviceType tag_device_type);
+  // Memory on `device` for a long-lived buffer that kernels stream whole
+  // on every use (packed weights): 2 MiB pages, never shared with other
+  // processes (runtime CachingAllocator::allocate_huge_pages).
+  c10::DataPtr allocate_huge_pages_on(c10::DeviceIndex device, size_t nbytes);
   // Memory for a CPU kernel running on behalf of an ember op (see
   // CpuAllocationCapture): CPU-tagged, and shaped like plain CPU memory
   // (context == pointer) so raw_allocate/raw_deallocate users such as

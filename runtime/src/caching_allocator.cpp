@@ -17,6 +17,8 @@
 //     node (bind_to_numa_node: mbind before the first touch).
 //   * Private pools (MemPool) have their own bins and segments; a thread's
 //     route (caching_allocator_pools.cpp) picks the bins a request uses.
+//   * allocate_huge_pages() requests use a pool of their own too, whose
+//     segments are 2 MiB pages of private memory (map_huge_page_memory).
 //
 // The allocate + free pair of a small block is on every op's critical path,
 // so it touches the heap nowhere (block_pool.cpp):
@@ -106,11 +108,15 @@ int CachingAllocator::numa_node() const {
   return state_->numa_node;
 }
 
-Allocation CachingAllocator::allocate(std::size_t nbytes) {
+// allocate() and allocate_huge_pages(): inlined into each, so the hot path
+// (allocate of a small block) pays no call and no test of the placement.
+[[gnu::always_inline]] inline Allocation CachingAllocator::allocate_from(
+    std::size_t nbytes, bool huge_pages) {
   if (nbytes == 0) return {};
   const bool servable = nbytes <= kMaxRequest;
   const std::size_t size = servable ? round_size(nbytes) : 0;
   const bool small = size <= kSmallSize;
+  huge_pages = huge_pages && !small;
   const PoolId routed = routing_threads_.load(std::memory_order_relaxed) == 0
                             ? kDefaultPool
                             : routed_pool();
@@ -124,8 +130,9 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
     // Everything that may throw happens before the free lists change.
     state.blocks.reserve(2);  // a segment's head and a split's front
     // A route keeps its pool alive (one use), so it is found.
-    PrivatePool* pool =
-        routed == kDefaultPool ? nullptr : state.find_pool(routed);
+    PrivatePool* pool = huge_pages               ? &state.huge_pages
+                        : routed == kDefaultPool ? nullptr
+                                                 : state.find_pool(routed);
     block = state.bins(pool, small).best_fit(size, bin_index(size));
     if (block == nullptr) {
       block = state.grow(size, small, pool, memory_limit_locked());
@@ -150,6 +157,14 @@ Allocation CachingAllocator::allocate(std::size_t nbytes) {
   add(state.stats.requested_bytes, static_cast<int64_t>(nbytes));
   unpoison(block->ptr, nbytes);
   return {block->ptr, block};
+}
+
+Allocation CachingAllocator::allocate(std::size_t nbytes) {
+  return allocate_from(nbytes, false);
+}
+
+Allocation CachingAllocator::allocate_huge_pages(std::size_t nbytes) {
+  return allocate_from(nbytes, true);
 }
 
 // Caller holds mutex_; `block` is allocated.

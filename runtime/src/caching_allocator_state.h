@@ -159,6 +159,9 @@ struct CachingAllocator::State {
   // no new request (the child's new blocks go to fresh, shareable segments)
   // and go back to the OS once free. Never routed to, so never held.
   PrivatePool inherited;
+  // allocate_huge_pages()'s blocks: segments of 2 MiB pages, never shared.
+  // Held by nobody, so empty_cache() returns its free segments.
+  PrivatePool huge_pages;
 
   ~State() {
     for (auto& [base, segment] : segments) {
@@ -218,10 +221,13 @@ struct CachingAllocator::State {
   // Returns nullptr if the OS refuses. Needs one reserved Block.
   Block* map_segment(std::size_t size, bool small, PrivatePool* pool) {
     auto segment = std::make_unique<Segment>();
-    const SegmentMemory memory = map_segment_memory(size, shared_segments);
+    const bool huge = pool == &huge_pages;
+    const SegmentMemory memory =
+        huge ? map_huge_page_memory(size)
+             : map_segment_memory(size, shared_segments);
     void* base = memory.base;
     if (base == nullptr) return nullptr;
-    if (memory.fd < 0) ++stats.num_unshareable_segments;
+    if (memory.fd < 0 && !huge) ++stats.num_unshareable_segments;
     // Before the first touch, so every page lands on the device's node.
     if (numa_node >= 0) (void)topology().bind_memory(base, size, numa_node);
     poison(base, size);

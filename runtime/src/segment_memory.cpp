@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 
 namespace ember::runtime {
 
@@ -46,6 +47,23 @@ SegmentMemory map_segment_memory(std::size_t size, bool shared) {
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return {base == MAP_FAILED ? nullptr : base, -1};
+}
+
+SegmentMemory map_huge_page_memory(std::size_t size) {
+  constexpr std::size_t kHugePage = std::size_t{2} << 20;
+  // Over-map by one huge page and trim, so the kept range starts on a huge
+  // page boundary (mmap itself only aligns to 4 KiB).
+  void* raw = mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return {};
+  const auto start = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t aligned = (start + kHugePage - 1) & ~(kHugePage - 1);
+  if (aligned > start) munmap(raw, aligned - start);
+  const std::uintptr_t tail = start + size + kHugePage - (aligned + size);
+  if (tail > 0) munmap(reinterpret_cast<void*>(aligned + size), tail);
+  void* base = reinterpret_cast<void*>(aligned);
+  (void)madvise(base, size, MADV_HUGEPAGE);  // a hint: failure costs speed
+  return {base, -1};
 }
 
 void unmap_segment_memory(const SegmentMemory& memory, std::size_t size) {

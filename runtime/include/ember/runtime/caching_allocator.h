@@ -130,6 +130,14 @@ class CachingAllocator final {
   // nbytes == 0 returns an empty Allocation. Throws OutOfMemory. Served
   // from the private pool the calling thread routes to, if any.
   Allocation allocate(std::size_t nbytes);
+  // For long-lived buffers that kernels stream whole on every use (packed
+  // weights): requests above the small-block size are served from
+  // segments of their own, of 2 MiB pages of private memory
+  // (map_huge_page_memory), whatever pool the thread routes to; smaller
+  // ones as allocate(). Those segments are never shared with other
+  // processes, and ordinary requests never get their blocks. Counted in
+  // every statistic as other segments; empty_cache() returns them once free.
+  Allocation allocate_huge_pages(std::size_t nbytes);
   // Takes back a block from allocate(); nullptr is ignored. A block used by
   // other streams (record_stream) is reused only once each of them has
   // passed the point where it was freed (an event recorded there); until
@@ -217,6 +225,7 @@ class CachingAllocator final {
 
  private:
   struct State;
+  Allocation allocate_from(std::size_t nbytes, bool huge_pages);
   std::size_t memory_limit_locked() const;  // caller holds mutex_
   void free_locked(Block* block);
   // The private pool the calling thread routes to (kDefaultPool if none);
