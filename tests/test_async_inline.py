@@ -127,6 +127,38 @@ def test_small_work_runs_at_the_call_while_the_worker_sleeps():
     assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
 
 
+@pytest.mark.skipif(
+    not torch.backends.ember.capabilities()["avx512f"],
+    reason="the skinny GEMM kernel needs AVX-512",
+)
+def test_a_skinny_gemm_streaming_a_large_pack_is_queued_while_the_worker_sleeps():
+    """A one-row linear over megabytes of packed weight (a decode step's
+    GEMV) runs long whatever its result's size: it is queued even on a
+    sleeping worker, so the host goes on with its own work while the worker
+    wakes and streams the weight; a small pack's GEMV still runs at the call."""
+    torch.manual_seed(0)
+    large = torch.nn.Linear(768, 1024).to("ember")  # 3 MiB pack
+    small = torch.nn.Linear(64, 64).to("ember")  # 16 KiB pack
+    a_large, a_small = torch.randn(1, 768, device="ember"), torch.randn(1, 64, device="ember")
+    for _ in range(2):  # packed on the second use
+        large(a_large), small(a_small)
+    stream, _ = _a_sleeping_worker()
+    y_small = small(a_small)
+    assert launched_count("aten::addmm (skinny)") == 0
+    assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
+    y_large = large(a_large)
+    assert launched_count("aten::addmm (skinny)") == 1
+    with torch.no_grad():
+        expected_large = F.linear(
+            a_large.cpu().double(), large.weight.cpu().double(), large.bias.cpu().double()
+        )
+        expected_small = F.linear(
+            a_small.cpu().double(), small.weight.cpu().double(), small.bias.cpu().double()
+        )
+    torch.testing.assert_close(y_large.cpu().double(), expected_large, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y_small.cpu().double(), expected_small, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("pause", [0.0, 0.0003])
 def test_a_long_burst_of_work_at_the_call_rouses_the_worker(pause):
     """Once the host has gone on launching without a host wait or a pause

@@ -104,9 +104,10 @@ int64_t inline_result_numel() {
   return threshold;
 }
 
-bool runs_at_call(runtime::Stream& stream, int64_t result_numel) {
+bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
+                  bool long_running) {
   if (result_numel >= inline_result_numel()) return stream.query();
-  if (!stream.worker_asleep()) return false;
+  if (long_running || !stream.worker_asleep()) return false;
   return !stream.note_work_at_call_while_asleep();
 }
 

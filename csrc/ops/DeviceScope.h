@@ -166,7 +166,12 @@ bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
 // roused, so that the ops which follow find it polling and are queued
 // (Stream::note_work_at_call_while_asleep), and queued for the rest of that
 // burst even when the worker falls asleep between them.
-bool runs_at_call(runtime::Stream& stream, int64_t result_numel);
+// `long_running`: work that takes long whatever its result's size (a
+// skinny GEMM streaming megabytes of weight for one row): queued even while
+// the worker sleeps, since the host goes on with its own work (a decode
+// step's Python) while the worker wakes and runs it.
+bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
+                  bool long_running = false);
 
 // Runs launched work at the call: as the worker would (below autograd,
 // the device's pool, the launching thread count), restoring the calling
@@ -184,16 +189,17 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
 // `result_numel` >= inline_result_numel() elements is instead computed at
 // the call (false returned; not while the stream captures a graph, which
 // records every launched unit).
+// `long_running`: as runs_at_call's.
 template <class Work>
 bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
-                      int64_t result_numel = 0) {
+                      int64_t result_numel = 0, bool long_running = false) {
   bool queued = true;
   with_device_current(device, [&] {
     runtime::Stream& stream = runtime::device(device).streams().current();
     // A capturing stream records the unit as it is queued (Stream::enqueue);
     // a recorded unit carries no profiler trace of its capture.
     const bool capturing = capture::underway() && stream.capture() != nullptr;
-    if (!capturing && runs_at_call(stream, result_numel)) {
+    if (!capturing && runs_at_call(stream, result_numel, long_running)) {
       queued = false;
       run_launched_inline(stream, name, device, std::ref(work));
       return;

@@ -391,6 +391,14 @@ at::Tensor run_onednn(const Plan& plan, const at::Tensor& a,
   return *std::move(out);
 }
 
+// A skinny GEMM whose pack takes longer to stream than a sleeping worker
+// takes to wake (1 MiB: ~30 us at this kind of machine's bandwidth):
+// queued whether or not the worker sleeps (runs_at_call).
+bool streams_long(const Plan& plan) {
+  constexpr size_t kLongStreamBytes = size_t{1} << 20;
+  return plan.rows <= kSkinnyMaxRows && plan.packed->bytes >= kLongStreamBytes;
+}
+
 // The skinny kernel or MKL's, launched where asynchronous execution is on
 // (or recorded into its result by a capturing graph).
 template <class MakeOut>
@@ -430,7 +438,7 @@ std::optional<at::Tensor> launch_direct(const Plan& plan, const at::Tensor& a,
           [q = std::move(queued)] {
             run_direct(q.plan, q.operands, q.epilogue);
           },
-          out.numel())) {
+          out.numel(), streams_long(plan))) {
     count_launch(name);
   }
   return out;
