@@ -519,8 +519,9 @@ def ember_async(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.backends.ember.async_execution = True around its
     own runs: launched ops are queued on the stream's worker, except, on an
     idle stream, results of >= 64 Ki elements and any while the worker sleeps
-    (until a burst of launches rouses it): they run at the call (the default
-    from 2 cores, so there ember-eager is ember-async)."""
+    (until a burst of launches rouses it) but a skinny GEMM over a pack of
+    >= 1 MiB: they run at the call (the default from 2 cores, so there
+    ember-eager is ember-async)."""
     backends = getattr(torch.backends, "ember", None)
     if backends is not None and not hasattr(backends, "async_execution"):
         raise Skip("this torch_ember build has no torch.backends.ember.async_execution")
