@@ -516,12 +516,11 @@ def ember_sync(w: Workload, threads: int) -> Prepared:
 
 @register("ember-async", version=torch_ember_version)
 def ember_async(w: Workload, threads: int) -> Prepared:
-    """ember eager with torch.backends.ember.async_execution = True around its
-    own runs: launched ops are queued on the stream's worker, except, on an
-    idle stream, results of >= 64 Ki elements and any while the worker sleeps
-    (until a burst of launches rouses it) but a skinny GEMM over a pack of
-    >= 1 MiB: they run at the call (the default from 2 cores, so there
-    ember-eager is ember-async)."""
+    """ember eager with async_execution = True around its own runs: launched
+    ops are queued on the stream's worker, except, on an idle stream, results
+    of >= 64 Ki elements and any while the worker sleeps (until a burst of
+    launches rouses it) but a skinny GEMM over a pack of >= 1 MiB: they run
+    at the call (the default from 2 cores: there ember-eager is ember-async)."""
     backends = getattr(torch.backends, "ember", None)
     if backends is not None and not hasattr(backends, "async_execution"):
         raise Skip("this torch_ember build has no torch.backends.ember.async_execution")
