@@ -1,4 +1,4 @@
-"""Where a launched op runs (docs/architecture.md, "Large results run at the
+"""Where a launched op runs (docs/engine.md, "Large results run at the
 call on an idle stream"): a result of at least 64 Ki elements is computed at
 the call while its stream has nothing queued, and is queued behind work that
 is; small results are queued, except while the stream's worker sleeps with
@@ -17,6 +17,16 @@ from torch_ember import _C
 
 # Launch counts must not depend on whether a worker fell asleep (conftest).
 pytestmark = pytest.mark.usefixtures("queued_launches", "async_on")
+
+
+@pytest.fixture(autouse=True)
+def _one_unit_per_op():
+    """Each elementwise op launched as its own unit, under its own name: a
+    chain of them (test_elementwise_chain.py) is one unit, submitted when the
+    stream is next used, by these same rules."""
+    with torch.backends.ember.flags(fuse_elementwise=False):
+        yield
+
 
 # The launched unit of an fp32 GEMM of more than 16 rows on a packed weight:
 # MKL's packed GEMM on Intel CPUs, oneDNN's elsewhere.
@@ -83,7 +93,9 @@ def test_the_inline_threshold_is_set_by_the_environment(run_python, threshold, l
         "assert torch.equal(y.cpu(), torch.full((1 << 17,), 2.0))\n"
         "assert torch.equal(z.cpu(), torch.full((1000,), 2.0))\n"
     )
-    result = run_python(code, env={"EMBER_ASYNC_INLINE_NUMEL": threshold})
+    result = run_python(
+        code, env={"EMBER_ASYNC_INLINE_NUMEL": threshold, "EMBER_FUSE_ELEMENTWISE": "0"}
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(launched)]
 
@@ -145,7 +157,11 @@ def test_a_skinny_gemm_streaming_a_large_pack_is_queued_while_the_worker_sleeps(
     stream, _ = _a_sleeping_worker()
     y_small = small(a_small)
     assert launched_count("aten::addmm (skinny)") == 0
-    assert _C._engine_worker_asleep(stream.device_index, stream.stream_id)
+    # Run at the call, the small GEMV may still have roused the worker: the
+    # packing calls above and it can make one burst of host launches (no
+    # pause of 100 us since the host's last wait). The large one must meet
+    # a sleeping worker.
+    _wait_until_the_worker_sleeps(stream)
     y_large = large(a_large)
     assert launched_count("aten::addmm (skinny)") == 1
     with torch.no_grad():

@@ -28,6 +28,10 @@ SWITCHES = {
         lambda v: setattr(be, "async_execution", v),
     ),
     "cpu_parity": (lambda: be.cpu_parity, lambda v: setattr(be, "cpu_parity", v)),
+    "fuse_elementwise": (
+        lambda: be.fuse_elementwise,
+        lambda v: setattr(be, "fuse_elementwise", v),
+    ),
     "packed_weights_limit": (
         lambda: be.packed_weights_limit,
         lambda v: setattr(be, "packed_weights_limit", v),
@@ -53,6 +57,7 @@ SWITCHES = {
 DEFAULTS = {
     "async_execution": len(os.sched_getaffinity(0)) >= 2,
     "cpu_parity": False,
+    "fuse_elementwise": True,
     "deterministic": False,
     "benchmark": False,
     "fallback": "allow",
@@ -69,6 +74,7 @@ _OTHER_BLAS = next((b for b in be.available_blas_libraries() if b != "default"),
 CHANGED = {
     "async_execution": False,
     "cpu_parity": True,
+    "fuse_elementwise": False,
     "packed_weights_limit": 12345,
     "deterministic": True,
     "benchmark": True,
@@ -87,6 +93,7 @@ _BOOL = r"True or False"
 _COUNT = r"an int in \[0, 2\*\*63 - 1\]"
 INVALID = {
     "cpu_parity": [("yes", _BOOL), (1, _BOOL)],
+    "fuse_elementwise": [("no", _BOOL), (0, _BOOL)],
     "packed_weights_limit": [(-1, _COUNT), (True, _COUNT), (1.5, _COUNT), (2**70, _COUNT)],
     "deterministic": [("yes", _BOOL), (1, _BOOL), (None, _BOOL)],
     "benchmark": [("true", _BOOL), (0, _BOOL)],
@@ -137,7 +144,8 @@ def test_surface_covers_every_flags_keyword():
 def test_defaults_in_a_fresh_process(run_python):
     code = (
         "import json, torch, torch_ember; be = torch.backends.ember; print(json.dumps({"
-        "'async_execution': be.async_execution, 'cpu_parity': be.cpu_parity, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
+        "'async_execution': be.async_execution, 'cpu_parity': be.cpu_parity, "
+        "'fuse_elementwise': be.fuse_elementwise, 'deterministic': be.deterministic, 'benchmark': be.benchmark, "
         "'benchmark_limit': be.benchmark_limit, 'fallback': be.fallback, "
         "'matmul_fp32_precision': be.matmul.fp32_precision, "
         "'conv_fp32_precision': be.conv.fp32_precision, "
@@ -149,6 +157,7 @@ def test_defaults_in_a_fresh_process(run_python):
         "EMBER_FALLBACK": None,
         "EMBER_VERBOSE": None,
         "EMBER_CPU_PARITY": None,
+        "EMBER_FUSE_ELEMENTWISE": None,
         "EMBER_ASYNC": None,
         "EMBER_LAUNCH_BLOCKING": None,
     }

@@ -300,8 +300,14 @@ def test_arithmetic_outside_the_loop_is_cpus(name, fn, capfd):
 
 
 @pytest.mark.usefixtures("_async_execution")
-def test_arithmetic_is_launched_and_keeps_its_operands_alive():
+@pytest.mark.parametrize("chained", [False, True], ids=["op_by_op", "chained"])
+def test_arithmetic_is_launched_and_keeps_its_operands_alive(chained):
     _needs_avx512()
+    with be.flags(fuse_elementwise=chained):
+        _arithmetic_is_launched_and_keeps_its_operands_alive(chained)
+
+
+def _arithmetic_is_launched_and_keeps_its_operands_alive(chained):
     torch_ember.reset_launch_stats()
     base = torch.ember.memory_allocated()
     a = torch.full((1 << 16,), 3.0, device=DEVICE)
@@ -314,8 +320,14 @@ def test_arithmetic_is_launched_and_keeps_its_operands_alive():
     junk = [torch.full((1 << 16,), -7.0, device=DEVICE) for _ in range(4)]
     assert torch.equal(c.cpu(), torch.full((1 << 16,), 0.5))
     stats = torch_ember.launch_stats()
-    for op in ("aten::mul.Tensor", "aten::sub.Tensor", "aten::relu"):
-        assert stats[op]["launched"] == 1, op
+    # One launched unit per op, or the three as one chain (ElementwiseChain.h)
+    units = (
+        ["ember::elementwise_chain"]
+        if chained
+        else ["aten::mul.Tensor", "aten::sub.Tensor", "aten::relu"]
+    )
+    for unit in units:
+        assert stats[unit]["launched"] == 1, stats
     del c, junk
     torch.ember.synchronize()
     assert torch.ember.memory_allocated() == base

@@ -79,13 +79,31 @@ def launch_stats() -> dict[str, dict[str, int]]:
     calls queued on their stream and returned at once (asynchronous
     execution); ``waited`` counts synchronous calls that found work queued
     on their stream and waited for it first -- the places where the engine
-    still drains its queue. See docs/architecture.md.
+    still drains its queue. See docs/engine.md.
     """
     return _C.launch_stats()
 
 
 def reset_launch_stats() -> None:
     _C.reset_launch_stats()
+
+
+def chain_stats() -> dict[str, int]:
+    """What elementwise chains did since the last reset.
+
+    ``torch.backends.ember.fuse_elementwise`` (on by default) holds ember's
+    fp32 elementwise ops over the same elements on their stream and runs
+    them as one pass when the stream is next used. Returns ``{"chains": c,
+    "steps": s, "written": w, "skipped": k}``: chains run, steps computed,
+    step results written to memory (someone still held them), and steps
+    skipped (no one held the result and no later step read it). See
+    docs/engine.md, "Held work and elementwise chains".
+    """
+    return _C.chain_stats()
+
+
+def reset_chain_stats() -> None:
+    _C.reset_chain_stats()
 
 
 def set_strict(strict: bool) -> None:
@@ -98,9 +116,11 @@ def is_strict() -> bool:
 
 
 __all__ = [
+    "chain_stats",
     "fallback_stats",
     "is_strict",
     "launch_stats",
+    "reset_chain_stats",
     "reset_fallback_stats",
     "reset_launch_stats",
     "set_strict",

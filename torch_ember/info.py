@@ -50,6 +50,7 @@ def _flags() -> dict[str, Any]:
     return {
         "async_execution": _safe(lambda: be.async_execution),
         "cpu_parity": _safe(lambda: be.cpu_parity),
+        "fuse_elementwise": _safe(lambda: be.fuse_elementwise),
         "packed_weights_limit": _safe(lambda: be.packed_weights_limit),
         "deterministic": _safe(lambda: be.deterministic),
         "effective_deterministic": _safe(lambda: _C.flags.effective_deterministic()),
@@ -232,6 +233,7 @@ def render(info: dict[str, Any]) -> str:
         [
             ("async_execution", flags["async_execution"]),
             ("cpu_parity", flags["cpu_parity"]),
+            ("fuse_elementwise", flags["fuse_elementwise"]),
             ("packed_weights_limit", flags["packed_weights_limit"]),
             ("deterministic", deterministic),
             ("benchmark", flags["benchmark"]),

@@ -113,7 +113,11 @@ c10::Stream EmberDeviceGuardImpl::exchangeStream(c10::Stream stream) const {
 }
 
 bool EmberDeviceGuardImpl::queryStream(const c10::Stream& stream) const {
-  return from_c10(stream).query();
+  rt::Stream& target = from_c10(stream);
+  // Held work counts as unfinished: submitted, so that a host polling
+  // query() sees it finish.
+  translate_runtime_errors([&] { target.submit_held(); });
+  return target.query();
 }
 
 void EmberDeviceGuardImpl::synchronizeStream(const c10::Stream& stream) const {

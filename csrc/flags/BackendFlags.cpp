@@ -31,6 +31,8 @@ std::atomic<bool> g_async_execution{
     !runtime::launch_blocking()};
 std::atomic<bool> g_cpu_parity{
     env_switch("EMBER_CPU_PARITY", "cpu_parity").value_or(false)};
+std::atomic<bool> g_fuse_elementwise{
+    env_switch("EMBER_FUSE_ELEMENTWISE", "fuse_elementwise").value_or(true)};
 std::atomic<bool> g_deterministic{false};
 std::atomic<bool> g_benchmark{false};
 std::atomic<int64_t> g_benchmark_limit{100};
@@ -127,6 +129,11 @@ bool async_execution() {
   return g_async_execution.load(std::memory_order_relaxed);
 }
 void set_async_execution(bool on) { g_async_execution.store(on); }
+
+bool fuse_elementwise() {
+  return g_fuse_elementwise.load(std::memory_order_relaxed);
+}
+void set_fuse_elementwise(bool on) { g_fuse_elementwise.store(on); }
 
 bool cpu_parity() { return g_cpu_parity.load(std::memory_order_relaxed); }
 void set_cpu_parity(bool on) { g_cpu_parity.store(on); }

@@ -35,12 +35,22 @@ bool cpu_parity();
 void set_cpu_parity(bool on);
 
 // Asynchronous execution: ops whose result layout ember knows before they
-// run are queued on their stream and return at once (docs/architecture.md,
-// "The execution engine"). On by default where the process has at least 2
+// run are queued on their stream and return at once (docs/engine.md).
+// On by default where the process has at least 2
 // cores (on one there is nothing to overlap); EMBER_ASYNC=0/1 decides at
 // start-up, EMBER_LAUNCH_BLOCKING=1 turns it off. Never changes a result.
 bool async_execution();
 void set_async_execution(bool on);
+
+// Elementwise chains: ember's fp32 elementwise kernels (add, sub, mul, div,
+// relu, tanh, pow 2 and 3) launched one after another over the same
+// elements are held on the stream and run as one pass, tile by tile, and
+// results nobody holds any more are never written (docs/engine.md, "Held
+// work and elementwise chains"). On by default; EMBER_FUSE_ELEMENTWISE=0/1
+// decides at start-up. Never changes a result (the same kernels, element by
+// element).
+bool fuse_elementwise();
+void set_fuse_elementwise(bool on);
 
 // Determinism: ember's own switch or torch.use_deterministic_algorithms.
 bool deterministic();

@@ -114,6 +114,7 @@ bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
 bool runs_at_call(c10::DeviceIndex device, int64_t result_numel) {
   if (!launch_async()) return false;
   runtime::Stream& stream = runtime::device(device).streams().current();
+  stream.submit_held();  // its state decides
   return !(capture::underway() && stream.capture() != nullptr) &&
          runs_at_call(stream, result_numel);
 }

@@ -48,6 +48,7 @@ void run_on_device(c10::DeviceIndex device, Work&& work) {
       capture::refuse(observe::t_current_op ? observe::t_current_op : "an op",
                       "it runs synchronously and has no replayable form yet");
     }
+    stream.submit_held();  // a held chain runs by its own rules, not as a wait
     if (!stream.query()) [[unlikely]]
       count_wait(observe::t_current_op);
     stream.run(std::forward<Work>(work));
@@ -190,12 +191,17 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
 // the call (false returned; not while the stream captures a graph, which
 // records every launched unit).
 // `long_running`: as runs_at_call's.
+// launch_on_device's rules on a given stream of `device` (a held chain
+// submitted to the stream that holds it, current or not).
 template <class Work>
-bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
-                      int64_t result_numel = 0, bool long_running = false) {
+bool launch_on_stream(runtime::Stream& stream, c10::DeviceIndex device,
+                      const char* name, Work work, int64_t result_numel = 0,
+                      bool long_running = false) {
   bool queued = true;
   with_device_current(device, [&] {
-    runtime::Stream& stream = runtime::device(device).streams().current();
+    // Held work goes first, and by its own rules: the stream's state
+    // (idle, worker asleep) is then the one this launch follows.
+    stream.submit_held();
     // A capturing stream records the unit as it is queued (Stream::enqueue);
     // a recorded unit carries no profiler trace of its capture.
     const bool capturing = capture::underway() && stream.capture() != nullptr;
@@ -213,6 +219,13 @@ bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
   return queued;
 }
 
+template <class Work>
+bool launch_on_device(c10::DeviceIndex device, const char* name, Work work,
+                      int64_t result_numel = 0, bool long_running = false) {
+  return launch_on_stream(runtime::device(device).streams().current(), device,
+                          name, std::move(work), result_numel, long_running);
+}
+
 // A synchronous op that a graph can replay: runs `work` as run_on_device
 // does and, while the current stream captures, records `make_replay()` (a
 // callable owning everything it uses, run by each replay as launched work
@@ -226,6 +239,7 @@ void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
     runtime::Stream& stream = runtime::device(device).streams().current();
     runtime::CapturedGraph* graph =
         capture::underway() ? stream.capture() : nullptr;
+    stream.submit_held();
     if (!stream.query()) [[unlikely]]
       count_wait(observe::t_current_op);
     stream.run(std::forward<Work>(work));

@@ -22,6 +22,7 @@
 #include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
+#include "ops/kernels/elementwise/ElementwiseChain.h"
 
 namespace py = pybind11;
 
@@ -151,6 +152,16 @@ void bind_engine(py::module& m) {
     return stats;
   });
   m.def("reset_launch_stats", &reset_launch_stats);
+  m.def("chain_stats", [] {
+    const kernels::ChainStats s = kernels::chain_stats();
+    py::dict stats;
+    stats["chains"] = s.chains;
+    stats["steps"] = s.steps;
+    stats["written"] = s.written;
+    stats["skipped"] = s.skipped;
+    return stats;
+  });
+  m.def("reset_chain_stats", &kernels::reset_chain_stats);
 }
 
 }  // namespace ember

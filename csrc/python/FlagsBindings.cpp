@@ -78,6 +78,8 @@ void bind_flags(py::module& parent) {
   auto m = parent.def_submodule("flags", "torch.backends.ember switches");
   m.def("async_execution", &flags::async_execution);
   m.def("set_async_execution", drained(&flags::set_async_execution));
+  m.def("fuse_elementwise", &flags::fuse_elementwise);
+  m.def("set_fuse_elementwise", drained(&flags::set_fuse_elementwise));
   m.def("cpu_parity", &flags::cpu_parity);
   m.def("set_cpu_parity", drained(&flags::set_cpu_parity));
   m.def("deterministic", &flags::deterministic_flag);

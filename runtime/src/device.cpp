@@ -113,6 +113,13 @@ void lock_before_fork() {
   }
   (void)launch_blocking();
   (void)cpu_features();
+  // Held work (HeldWork) is submitted, as by any other stream operation:
+  // the child then finds it finished (or in flight, as queued work).
+  for (auto& slot : created_devices) {
+    if (Device* dev = slot.load(std::memory_order_acquire)) {
+      dev->streams().submit_all_held();
+    }
+  }
   creation_mutex.lock();
   for (auto& slot : created_devices) {
     if (Device* dev = slot.load(std::memory_order_acquire)) {

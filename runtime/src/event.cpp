@@ -15,6 +15,7 @@
 namespace ember::runtime {
 
 void Event::record(Stream& stream) {
+  stream.submit_held();  // the event follows it
   auto state = std::make_shared<EventState>();
   device_index_ = stream.device_index();
   stream_ = &stream;
@@ -25,9 +26,7 @@ void Event::record(Stream& stream) {
       captured_in_ = stream.capture_;
       captured_at_ = captured_in_->submitted_by(&stream);
     }
-    if ((stream.pending_.load(std::memory_order_acquire) &
-         ~Stream::kErrorFlag) == 0 ||
-        stream.worker_ == nullptr) {
+    if (!stream.work_queued() || stream.worker_ == nullptr) {
       state->time = Clock::now();
       state->done.store(true, std::memory_order_release);
     } else {
@@ -57,6 +56,7 @@ void Event::synchronize() const {
 }
 
 void Event::block(Stream& stream) const {
+  stream.submit_held();  // launched before the wait: not held behind it
   if (captured_in_ != nullptr && captured_in_->capturing()) [[unlikely]] {
     // Cross-stream capture: a stream outside any capture joins this one
     // (fork); the origin waiting on a joined stream's event joins it back.

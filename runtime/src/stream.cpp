@@ -131,6 +131,7 @@ bool launch_blocking() {
 
 void Stream::enqueue(const char* name, Work work) {
   check_not_forked_broken();
+  submit_held();  // ahead of this work in stream order
   if ((pending_.load(std::memory_order_acquire) & kErrorFlag) != 0)
       [[unlikely]] {
     // A launch after failed work reports the failure (as CUDA's next API
@@ -170,6 +171,53 @@ void Stream::enqueue(const char* name, Work work) {
   finished.clear();  // destroyed here, outside the lock
 }
 
+void Stream::hold(std::unique_ptr<HeldWork> work) {
+  check_not_forked_broken();
+  if ((pending_.load(std::memory_order_acquire) & kErrorFlag) != 0)
+      [[unlikely]] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    raise_pending_error(lock);
+  }
+  // Host waits that skip a device with nothing ever queued must see it.
+  if (!any_work_queued.load(std::memory_order_relaxed)) {
+    any_work_queued.store(true, std::memory_order_release);
+  }
+  std::lock_guard<std::recursive_mutex> lock(held_mutex_);
+  if (held_ != nullptr) submit_taken(std::move(held_));
+  held_ = std::move(work);
+  pending_.fetch_or(kHeldFlag, std::memory_order_release);
+}
+
+namespace {
+// The stream whose held work the calling thread is submitting.
+thread_local const Stream* t_submitting_held = nullptr;
+}  // namespace
+
+bool Stream::submitting_held_here() const { return t_submitting_held == this; }
+
+// With the flag still set: another thread's launch waits (submit_held) until
+// this work is in the queue ahead of its own; to this thread the stream
+// looks as if nothing were held (query), so the work runs at the call or is
+// queued by the same rules as any launch.
+void Stream::submit_taken(std::unique_ptr<HeldWork> work) {
+  struct Scope {
+    const Stream* previous = t_submitting_held;
+    explicit Scope(const Stream* stream) { t_submitting_held = stream; }
+    ~Scope() { t_submitting_held = previous; }
+  } scope(this);
+  work->submit(*this);
+}
+
+void Stream::submit_held_slow() {
+  std::lock_guard<std::recursive_mutex> lock(held_mutex_);
+  if (held_ == nullptr) return;  // submitted already (or being, by us)
+  struct ClearFlag {
+    std::atomic<int64_t>& pending;
+    ~ClearFlag() { pending.fetch_and(~kHeldFlag, std::memory_order_release); }
+  } clear{pending_};
+  submit_taken(std::move(held_));
+}
+
 std::vector<Stream::Work> Stream::take_finished() {
   std::vector<Work> finished;
   finished.swap(finished_);
@@ -186,6 +234,7 @@ void Stream::collect_finished() {
 
 void Stream::wait_quietly() {
   if (forked_with_work_in_flight()) return;
+  submit_held();
   std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
@@ -193,9 +242,7 @@ void Stream::wait_quietly() {
 }
 
 void Stream::spin_for_work() {
-  spin_until([this] {
-    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0;
-  });
+  spin_until([this] { return work_queued(); });
 }
 
 // Caller holds mutex_.
@@ -272,7 +319,7 @@ void Stream::worker_loop() {
     }
     completed_.fetch_add(1, std::memory_order_relaxed);
     const bool idle = ((pending_.fetch_sub(1, std::memory_order_release) - 1) &
-                       ~kErrorFlag) == 0;
+                       kQueuedMask) == 0;
     if (event_waiters_ > 0 || (idle && idle_waiters_ > 0) ||
         (room_waiters_ > 0 && queue_.size() <= kMaxQueued / 2)) {
       done_cv_.notify_all();
@@ -282,17 +329,13 @@ void Stream::worker_loop() {
 
 // Caller holds `lock` on mutex_.
 void Stream::wait_idle(std::unique_lock<std::mutex>& lock) {
-  if ((pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0) {
+  if (work_queued()) {
     lock.unlock();
-    spin_until([this] {
-      return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
-    });
+    spin_until([this] { return !work_queued(); });
     lock.lock();
   }
   ++idle_waiters_;
-  done_cv_.wait(lock, [this] {
-    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
-  });
+  done_cv_.wait(lock, [this] { return !work_queued(); });
   --idle_waiters_;
 }
 
@@ -309,6 +352,7 @@ void Stream::wait_queue_for_run() {
   // Stream order inside the stream (also while it captures: the captured
   // synchronous unit runs after the launched ones before it).
   check_not_forked_broken();
+  submit_held();
   std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
@@ -338,6 +382,11 @@ void Stream::wait_for(const EventState& state) {
 }
 
 void Stream::shutdown() {
+  try {
+    submit_held();  // runs before the worker stops
+  } catch (const std::exception&) {
+    // an earlier error, unreported: the held work is dropped with it
+  }
   std::thread* worker = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -367,8 +416,12 @@ bool Stream::reset_in_child() {
   rouse_requested_ = false;
   idle_waiters_ = room_waiters_ = event_waiters_ = 0;
   stopping_ = false;
+  // Held work never ran either: leaked with what it holds (the parent's).
+  const bool held = held_ != nullptr;
+  (void)held_.release();
+  new (&held_mutex_) std::recursive_mutex();
   return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) != 0 ||
-         !queue_.empty();
+         !queue_.empty() || held;
 }
 
 StreamPool::StreamPool(int device_index,
@@ -463,6 +516,16 @@ void StreamPool::wait_quietly() {
 
 void StreamPool::shutdown_all() {
   for (Stream* stream : snapshot(mutex_, streams_)) stream->shutdown();
+}
+
+void StreamPool::submit_all_held() {
+  for (Stream* stream : snapshot(mutex_, streams_)) {
+    try {
+      stream->submit_held();
+    } catch (const std::exception&) {
+      // an unreported earlier error: raised at the stream's next use
+    }
+  }
 }
 
 void StreamPool::lock_for_fork() {

@@ -37,6 +37,7 @@ bool any_stream_capturing() {
 
 void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
                            CaptureMode mode) {
+  submit_held();  // launched before the capture: not part of the graph
   std::lock_guard<std::mutex> lock(mutex_);
   if (capture_ != nullptr) {
     throw CaptureError("stream " + std::to_string(id_) + " of device " +
@@ -52,6 +53,7 @@ void Stream::begin_capture(std::shared_ptr<CapturedGraph> graph,
 }
 
 std::shared_ptr<CapturedGraph> Stream::end_capture() {
+  submit_held();  // recorded into the graph it was launched in
   std::shared_ptr<CapturedGraph> graph;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -14,6 +14,7 @@ show each effect)::
     torch.backends.ember.cpu_parity = True          # CPU's kernels, bitwise
 
     torch.backends.ember.deterministic = True       # bitwise across thread counts
+    torch.backends.ember.fuse_elementwise = False   # one pass per elementwise op
     torch.backends.ember.benchmark = True           # autotune conv / matmul
     torch.backends.ember.matmul.fp32_precision = "bf16"
     torch.backends.ember.preferred_blas_library("onednn")
@@ -236,6 +237,10 @@ _PROPERTIES: dict[str, tuple[Any, Any]] = {
     "async_execution": (
         _flags.async_execution,
         lambda v: _flags.set_async_execution(_check_bool("async_execution", v)),
+    ),
+    "fuse_elementwise": (
+        _flags.fuse_elementwise,
+        lambda v: _flags.set_fuse_elementwise(_check_bool("fuse_elementwise", v)),
     ),
     "cpu_parity": (
         _flags.cpu_parity,

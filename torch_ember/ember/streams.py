@@ -1,7 +1,7 @@
 """Streams and events of ember devices, on PyTorch's generic torch.Stream/Event.
 
 Each stream has a queue run by a worker thread pinned to its device's cores
-(see docs/architecture.md). Ops run synchronously on the calling thread, after
+(see docs/engine.md). Ops run synchronously on the calling thread, after
 the work queued on their stream; ``non_blocking`` uploads from pinned memory
 are queued. ``query()`` is False while queued work is pending, events complete
 when the work before them does, ``wait_event``/``wait_stream`` order streams,

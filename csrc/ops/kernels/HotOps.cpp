@@ -18,12 +18,16 @@
 #include <c10/core/DispatchKeySet.h>
 #include <torch/library.h>
 
+#include <optional>
+
 #include "flags/BackendFlags.h"
+#include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/DeterministicOps.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
+#include "ops/kernels/elementwise/ElementwiseChain.h"
 
 namespace ember {
 namespace {
@@ -34,9 +38,35 @@ using S = const at::Scalar&;
 
 namespace ops = at::_ops;
 
-// pow(tensor, scalar): launched, or under determinism the chunked
-// elementwise path (ops/RegisterDeterministicOps.cpp).
+// The power a chain computes as CPU's kernel does (a * a, a * a * a) for
+// `exponent` over `self`, if any: fp32 elements in order, 2 or 3.
+std::optional<kernels::ChainOp> chained_power(T self, S exponent) {
+  if (self.scalar_type() != at::kFloat || self.layout() != c10::kStrided ||
+      self.is_neg() || self.is_conj() || !self.is_contiguous() ||
+      !kernels::chains(self)) {
+    return std::nullopt;
+  }
+  double value = 0.0;
+  if (exponent.isFloatingPoint()) {
+    value = exponent.toDouble();
+  } else if (exponent.isIntegral(/*includeBool=*/false)) {
+    value = static_cast<double>(exponent.toLong());
+  } else {
+    return std::nullopt;
+  }
+  if (value == 2.0) return kernels::ChainOp::kSquare;
+  if (value == 3.0) return kernels::ChainOp::kCube;
+  return std::nullopt;
+}
+
+// pow(tensor, scalar): a chain's step, launched, or under determinism the
+// chunked elementwise path (ops/RegisterDeterministicOps.cpp).
 at::Tensor pow_tensor_scalar(T self, S exponent) {
+  if (const std::optional<kernels::ChainOp> power =
+          chained_power(self, exponent)) {
+    observe::mark_path(observe::ExecutionPath::kNative, "ember/pow");
+    return kernels::chain_step(*power, self, nullptr);
+  }
   if (flags::deterministic()) {
     static const c10::OperatorHandle op =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::pow",

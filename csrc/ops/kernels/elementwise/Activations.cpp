@@ -16,6 +16,7 @@
 #include "ops/kernels/DeterministicOps.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
+#include "ops/kernels/elementwise/ElementwiseChain.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 
 namespace ember::kernels {
@@ -93,6 +94,11 @@ at::Tensor tanh(const at::Tensor& self) {
     return unboxed::launched<at::_ops::tanh,
                              unboxed::OutForm<at::_ops::tanh_out>,
                              layouts::Tanh, const at::Tensor&>(self);
+  }
+  if (*layout == at::MemoryFormat::Contiguous &&
+      self.scalar_type() == at::kFloat && chains(self)) {
+    observe::mark_path(observe::ExecutionPath::kNative, "ember/tanh");
+    return chain_step(ChainOp::kTanh, self, nullptr);
   }
   static const std::string name = "aten::tanh";
   return own_unary(self, *layout, name, "ember/tanh", tanh_f32, tanh_bf16);

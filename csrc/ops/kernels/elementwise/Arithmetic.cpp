@@ -13,6 +13,10 @@
 // are CPU's bits at any split. The result is contiguous, as CPU's
 // TensorIterator lays out such operands. Anything else, cpu_parity and a
 // synchronous engine run CPU's kernel as before.
+// GCC 12 reports its own intrinsics' deliberately undefined register
+// operands (_mm512_undefined_*) as uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/clamp_min_ops.h>
@@ -22,7 +26,6 @@
 #include <ATen/ops/relu_ops.h>
 #include <ATen/ops/sub_ops.h>
 #include <c10/core/DispatchKeySet.h>
-#include <immintrin.h>
 
 #include <optional>
 #include <string>
@@ -32,11 +35,9 @@
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/ParallelChunks.h"
+#include "ops/kernels/elementwise/ArithF32.h"
+#include "ops/kernels/elementwise/ElementwiseChain.h"
 #include "ops/kernels/elementwise/VectorMath.h"
-
-// GCC 12 reports its own intrinsics' deliberately undefined register
-// operands (_mm512_undefined_*) as uninitialised.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace ember::kernels {
 namespace {
@@ -45,37 +46,8 @@ using T = const at::Tensor&;
 using S = const at::Scalar&;
 namespace ops = at::_ops;
 
-enum class Arith { kAdd, kSub, kMul, kDiv, kRelu };
-
 // Elements per parallel chunk: below it one thread is faster.
 constexpr int64_t kGrain = 32768;
-
-template <Arith Op>
-__attribute__((target("avx512f"))) inline __m512 apply(__m512 a, __m512 b) {
-  if constexpr (Op == Arith::kAdd) return _mm512_add_ps(a, b);
-  if constexpr (Op == Arith::kSub) return _mm512_sub_ps(a, b);
-  if constexpr (Op == Arith::kMul) return _mm512_mul_ps(a, b);
-  if constexpr (Op == Arith::kDiv) return _mm512_div_ps(a, b);
-  // relu: CPU's clamp_min(x, 0) vector form, max(0, x): NaN and -0 pass.
-  return _mm512_max_ps(b, a);
-}
-
-// out[i] = a[i] op (b ? b[i] : scalar) for i in [begin, end).
-template <Arith Op>
-__attribute__((target("avx512f"))) void arith_f32(const float* a,
-                                                  const float* b, float scalar,
-                                                  float* out, int64_t begin,
-                                                  int64_t end) {
-  const __m512 s = _mm512_set1_ps(scalar);
-  for (int64_t i = begin; i < end; i += 16) {
-    const __mmask16 m = end - i >= 16
-                            ? static_cast<__mmask16>(0xffff)
-                            : static_cast<__mmask16>((1u << (end - i)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(m, a + i);
-    const __m512 y = b != nullptr ? _mm512_maskz_loadu_ps(m, b + i) : s;
-    _mm512_mask_storeu_ps(out + i, m, apply<Op>(x, y));
-  }
-}
 
 // What the worker needs: the storages (kept alive until the work has run)
 // and where the elements are.
@@ -157,6 +129,10 @@ std::optional<at::Tensor> own_arith(T a, const at::Tensor* b,
     }
   }
   observe::mark_path(observe::ExecutionPath::kNative, route);
+  if (chains(a)) {
+    return chain_step(static_cast<ChainOp>(Op), a, w.b != nullptr ? b : nullptr,
+                      w.scalar);
+  }
   at::Tensor out = at::empty(a.sizes(), a.options());
   w.out_storage = out.storage();
   w.out = out.mutable_data_ptr<float>();

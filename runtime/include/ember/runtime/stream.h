@@ -77,6 +77,22 @@ void set_worker_idle_hook(WorkerIdleHook hook);
 inline constexpr std::chrono::milliseconds kWorkerIdleHookDelay{2};
 
 struct EventState;
+class Stream;
+
+// Work the host may still extend before its stream runs it: a run of ops
+// that the layer above fuses into one unit (elementwise steps over the same
+// elements, each read once from memory). A stream holds at most one; every
+// operation on the stream that submits, runs, orders or waits for work
+// submits it first (submit_held), so the held work keeps its place in stream
+// order and no host wait can miss it.
+class HeldWork {
+ public:
+  virtual ~HeldWork() = default;
+  // Submits the work to `stream` (queued or run at the call: the layer
+  // above decides, as for any launch). Called once, on whichever thread
+  // touched the stream next.
+  virtual void submit(Stream& stream) = 0;
+};
 
 class Stream final {
  public:
@@ -128,13 +144,38 @@ class Stream final {
   // queues nothing) when earlier work failed and its error is unreported.
   void enqueue(const char* name, Work work);
 
+  // Holds `work` (submitting any work held before). Raises as enqueue does
+  // when earlier work failed.
+  void hold(std::unique_ptr<HeldWork> work);
+  // Calls extend(held) on the held work (HeldWork&) with the hold lock
+  // taken, so no other thread submits it meanwhile; returns extend's result,
+  // or false when nothing is held.
+  template <class Extend>
+  bool extend_held(Extend&& extend) {
+    if ((pending_.load(std::memory_order_acquire) & kHeldFlag) == 0) {
+      return false;
+    }
+    std::lock_guard<std::recursive_mutex> lock(held_mutex_);
+    return held_ != nullptr && extend(*held_);
+  }
+  // Submits the held work, if any. One atomic load when nothing is held.
+  void submit_held() {
+    if ((pending_.load(std::memory_order_acquire) & kHeldFlag) != 0)
+        [[unlikely]] {
+      submit_held_slow();
+    }
+  }
+
   // Units of work completed (run or queued).
   uint64_t completed() const {
     return completed_.load(std::memory_order_relaxed);
   }
-  // True when no queued work is left (raises nothing).
+  // True when no queued or held work is left (raises nothing). To the thread
+  // submitting the held work, the stream is as if it held none.
   bool query() const {
-    return (pending_.load(std::memory_order_acquire) & ~kErrorFlag) == 0;
+    const int64_t pending = pending_.load(std::memory_order_acquire);
+    if ((pending & ~kErrorFlag) == 0) return true;
+    return (pending & kQueuedMask) == 0 && submitting_held_here();
   }
   // Waits for the queued work, then raises a pending AsyncError.
   void synchronize();
@@ -251,6 +292,14 @@ class Stream final {
     bool always_runs;  // markers run even after an error
   };
   void push(Item item);
+  void submit_held_slow();
+  // Submits `work` (taken from held_, lock held) as the calling thread.
+  void submit_taken(std::unique_ptr<HeldWork> work);
+  bool submitting_held_here() const;
+  // Whether queued work is unfinished (neither flag counts).
+  bool work_queued() const {
+    return (pending_.load(std::memory_order_acquire) & kQueuedMask) != 0;
+  }
   void worker_loop();
   void wait_queue_for_run();
   void wait_idle(std::unique_lock<std::mutex>& lock);
@@ -288,6 +337,10 @@ class Stream final {
   // Queued work not finished, plus kErrorFlag while an error waits to be
   // reported: run()'s fast path is a single load of this.
   static constexpr int64_t kErrorFlag = int64_t{1} << 62;
+  // ... and kHeldFlag while work is held (hold) or being submitted: run()
+  // and query() see it, the worker does not (kQueuedMask).
+  static constexpr int64_t kHeldFlag = int64_t{1} << 61;
+  static constexpr int64_t kQueuedMask = ~(kErrorFlag | kHeldFlag);
   // On a cache line of its own: an idle worker polls it, and a line shared
   // with data the host writes would bounce between their cores on every
   // write.
@@ -325,7 +378,13 @@ class Stream final {
   std::shared_ptr<CapturedGraph> capture_;  // guarded by mutex_
   std::atomic<CapturedGraph*> capture_raw_{nullptr};
   CaptureMode capture_mode_ = CaptureMode::kGlobal;  // guarded by mutex_
-  std::thread::id capture_thread_;                   // guarded by mutex_
+  // The held work. Recursive: submitting it runs or queues it on this
+  // stream, which submits held work first (nothing, by then). Held while
+  // submitting, so that another thread's launch waits until the held work
+  // is in the queue before its own.
+  std::recursive_mutex held_mutex_;
+  std::unique_ptr<HeldWork> held_;  // guarded by held_mutex_
+  std::thread::id capture_thread_;  // guarded by mutex_
 };
 
 // The streams of one device. Stream 0 is the default stream; new streams
@@ -354,6 +413,8 @@ class StreamPool final {
   void wait_quietly();
   void shutdown_all();
 
+  // Stream::submit_held on every stream (before fork()), raising nothing.
+  void submit_all_held();
   // fork() support, as CachingAllocator::lock_for_fork; also takes (and
   // releases) every stream's queue lock.
   void lock_for_fork();
