@@ -190,9 +190,8 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
 // `result_numel` >= inline_result_numel() elements is instead computed at
 // the call (false returned; not while the stream captures a graph, which
 // records every launched unit).
-// `long_running`: as runs_at_call's.
-// launch_on_device's rules on a given stream of `device` (a held chain
-// submitted to the stream that holds it, current or not).
+// `long_running`: as runs_at_call's. launch_on_stream: the same on a given
+// stream of `device` (a held chain, submitted to the stream that holds it).
 template <class Work>
 bool launch_on_stream(runtime::Stream& stream, c10::DeviceIndex device,
                       const char* name, Work work, int64_t result_numel = 0,

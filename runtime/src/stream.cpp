@@ -166,7 +166,10 @@ void Stream::enqueue(const char* name, Work work) {
     --room_waiters_;
   }
   push(Item{name, std::move(work), false});
-  std::vector<Work> finished = take_finished();
+  // Finished work is destroyed by a later submission while held work is
+  // being submitted (submit_taken).
+  std::vector<Work> finished =
+      submitting_held_here() ? std::vector<Work>() : take_finished();
   lock.unlock();
   finished.clear();  // destroyed here, outside the lock
 }
@@ -182,8 +185,12 @@ void Stream::hold(std::unique_ptr<HeldWork> work) {
   if (!any_work_queued.load(std::memory_order_relaxed)) {
     any_work_queued.store(true, std::memory_order_release);
   }
+  std::unique_ptr<HeldWork> earlier;  // destroyed once the lock is released
   std::lock_guard<std::recursive_mutex> lock(held_mutex_);
-  if (held_ != nullptr) submit_taken(std::move(held_));
+  if (held_ != nullptr) {
+    earlier = std::move(held_);
+    submit_taken(*earlier);
+  }
   held_ = std::move(work);
   pending_.fetch_or(kHeldFlag, std::memory_order_release);
 }
@@ -199,23 +206,29 @@ bool Stream::submitting_held_here() const { return t_submitting_held == this; }
 // this work is in the queue ahead of its own; to this thread the stream
 // looks as if nothing were held (query), so the work runs at the call or is
 // queued by the same rules as any launch.
-void Stream::submit_taken(std::unique_ptr<HeldWork> work) {
+// Nothing is destroyed under the hold lock (here, or as finished work by
+// enqueue and run): what held or finished work references may be the last
+// reference to memory whose release takes the GIL, which a thread waiting
+// for the lock (submit_held) may hold.
+void Stream::submit_taken(HeldWork& work) {
   struct Scope {
     const Stream* previous = t_submitting_held;
     explicit Scope(const Stream* stream) { t_submitting_held = stream; }
     ~Scope() { t_submitting_held = previous; }
   } scope(this);
-  work->submit(*this);
+  work.submit(*this);
 }
 
 void Stream::submit_held_slow() {
+  std::unique_ptr<HeldWork> work;  // destroyed once the lock is released
   std::lock_guard<std::recursive_mutex> lock(held_mutex_);
   if (held_ == nullptr) return;  // submitted already (or being, by us)
   struct ClearFlag {
     std::atomic<int64_t>& pending;
     ~ClearFlag() { pending.fetch_and(~kHeldFlag, std::memory_order_release); }
   } clear{pending_};
-  submit_taken(std::move(held_));
+  work = std::move(held_);
+  submit_taken(*work);
 }
 
 std::vector<Stream::Work> Stream::take_finished() {
@@ -356,7 +369,7 @@ void Stream::wait_queue_for_run() {
   std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
-  finished = take_finished();
+  if (!submitting_held_here()) finished = take_finished();  // submit_taken
   raise_pending_error(lock);
 }
 

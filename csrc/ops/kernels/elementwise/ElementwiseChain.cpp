@@ -170,9 +170,10 @@ class ElementwiseChain final : public runtime::HeldWork {
   void submit(runtime::Stream& stream) override {
     const std::string& name = chain_launch_name();
     const int64_t n = unit_->n;
+    // The closure shares the unit: this object's reference is dropped when
+    // the stream destroys it, outside its hold lock (stream.cpp).
     const bool queued = launch_on_stream(
-        stream, device_, name.c_str(),
-        [unit = std::move(unit_)] { run_chain(*unit); }, n);
+        stream, device_, name.c_str(), [unit = unit_] { run_chain(*unit); }, n);
     if (queued) count_launch(name);
   }
 

@@ -293,8 +293,8 @@ class Stream final {
   };
   void push(Item item);
   void submit_held_slow();
-  // Submits `work` (taken from held_, lock held) as the calling thread.
-  void submit_taken(std::unique_ptr<HeldWork> work);
+  // Submits `work` (taken from held_, hold lock held) as the calling thread.
+  void submit_taken(HeldWork& work);
   bool submitting_held_here() const;
   // Whether queued work is unfinished (neither flag counts).
   bool work_queued() const {
@@ -378,13 +378,13 @@ class Stream final {
   std::shared_ptr<CapturedGraph> capture_;  // guarded by mutex_
   std::atomic<CapturedGraph*> capture_raw_{nullptr};
   CaptureMode capture_mode_ = CaptureMode::kGlobal;  // guarded by mutex_
+  std::thread::id capture_thread_;                   // guarded by mutex_
   // The held work. Recursive: submitting it runs or queues it on this
   // stream, which submits held work first (nothing, by then). Held while
   // submitting, so that another thread's launch waits until the held work
   // is in the queue before its own.
   std::recursive_mutex held_mutex_;
   std::unique_ptr<HeldWork> held_;  // guarded by held_mutex_
-  std::thread::id capture_thread_;  // guarded by mutex_
 };
 
 // The streams of one device. Stream 0 is the default stream; new streams
