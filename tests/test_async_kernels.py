@@ -63,9 +63,13 @@ _GEMM_AND_CONV_CASES = {
     # convolutions: x [1, 24, 9, 8], w [32, 24, k, k] (k = 1 for conv_1x1, else 3)
     "conv_1x1": (lambda x, w, b: F.conv2d(x, w, b), "aten::convolution (channel-gemm)"),
     "conv_3x3": (lambda x, w, b: F.conv2d(x, w, b, padding=1), "aten::convolution (onednn)"),
-    "conv_3x3_small_output": (  # 7 x 6 pixels: im2col columns, channel GEMM
-        lambda x, w, b: F.conv2d(x, w, b, padding=1, dilation=2),
+    "conv_1x1_strided": (  # 5 x 4 pixels gathered, channel GEMM
+        lambda x, w, b: F.conv2d(x, w[:, :, :1, :1].contiguous(), b, stride=2),
         "aten::convolution (channel-gemm)",
+    ),
+    "conv_3x3_small_output": (  # 7 x 6 pixels: oneDNN's pack
+        lambda x, w, b: F.conv2d(x, w, b, padding=1, dilation=2),
+        "aten::convolution (onednn)",
     ),
     "conv_3x3_stride_2": (
         lambda x, w, b: F.conv2d(x, w, None, stride=2),

@@ -329,22 +329,23 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   return *std::move(out);
 }
 
-// Convolutions of a contiguous NCHW input with a contiguous weight that run
-// as ember's channel GEMM: per image, out (Cout x HW) = W (Cout x Cin*kh*kw)
-// @ x (Cin*kh*kw x HW), on the NCHW layout itself (no re-layouts, the
-// weight read as it is: no pack to keep fresh).
-//  - 1x1, stride 1, unpadded: x is the image itself.
-//  - 1x1 strided, unpadded (ResNet's downsampling shortcuts): x is the
-//    pixels the convolution reads, gathered image by image. oneDNN ran
-//    ResNet-50's three at 116-154 GFLOP/s against ~200 here.
-//  - any other window with at most kMaxGatheredPixels output pixels: x is
-//    the image's im2col columns (Cin*kh*kw rows). ResNet-50's 3x3 layers
-//    on 7x7 images ran 1.7-2.2 ms on oneDNN's packed route (on Zen 4; CPU's
-//    own 1.4) against 1.1-1.2 ms here; on 14x14 and larger the two are
-//    level or oneDNN is ahead, and im2col's columns grow with the image.
+// Unpadded 1x1 convolutions of a contiguous NCHW input with a contiguous
+// weight run as ember's channel GEMM: per image, out (Cout x HW) = W (Cout x
+// Cin) @ x (Cin x HW), on the NCHW layout itself (no re-layouts, the weight
+// read as it is: no pack to keep fresh).
+//  - stride 1: x is the image itself.
+//  - strided (ResNet's downsampling shortcuts): x is the pixels the
+//    convolution reads, gathered image by image. oneDNN ran ResNet-50's
+//    three at 116-154 GFLOP/s against ~200 here.
 // Outputs of at least one 16-pixel panel; smaller ones stay on oneDNN.
+// Other windows take oneDNN's pack whatever the image: ResNet-50's 3x3
+// layers on 7x7 outputs ran here on their im2col columns until in-process
+// A/B on Zen 4 (2026-11-28, 2 cores, medians of 20 x 10 calls, three runs)
+// gave oneDNN's packed route 0.72x (512 channels, 7x7 in) and 0.82x (stride
+// 2, 14x14 in) this route's time, and ResNet-50 eager 49.8 against 50.9 ms
+// (32 of 40 alternating runs faster); an earlier A/B on that host kind had
+// found this route ahead (1.26 against 1.48 ms) in other minutes.
 constexpr int64_t kMinPixels = 16;
-constexpr int64_t kMaxGatheredPixels = 64;
 
 ConvWindow window_of(const at::Tensor& input, const at::Tensor& weight,
                      const ConvParams& p) {
@@ -376,11 +377,10 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
   const bool pointwise =
       g.kernel_h == 1 && g.kernel_w == 1 && g.pad_h == 0 && g.pad_w == 0;
   // An empty or negative output size: CPU's convolution raises its error.
-  return g.out_h() > 0 && g.out_w() > 0 && pixels >= kMinPixels &&
-         (pointwise || pixels <= kMaxGatheredPixels);
+  return pointwise && g.out_h() > 0 && g.out_w() > 0 && pixels >= kMinPixels;
 }
 
-// The gathered image's buffer (one per thread) is kept for the next call
+// The gathered pixels' buffer (one per thread) is kept for the next call
 // while it holds at most kKeptGatherFloats (4 MiB: every ResNet-50 layer
 // that gathers needs under 1 MiB); a larger one lives for its call only.
 constexpr int64_t kKeptGatherFloats = int64_t{1} << 20;
