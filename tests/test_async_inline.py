@@ -228,17 +228,25 @@ def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():
     """A small model called now and then with a host read after each call
     (a served request) keeps running at the call: after a host wait a pause
     of 100 us ends the burst (without one, only a pause of 1 ms does)."""
-    _, x = _a_sleeping_worker()
-    begin, calls = time.monotonic(), 0
-    while time.monotonic() - begin < 0.05:  # far longer than a burst needs
-        y = x * 2
-        z = y + 1
-        z.sum().item()  # the host reads the result
-        _busy_wait(0.0003)  # the next request comes 300 us later
-        calls += 1
     # Without the rule nearly every call after the first 200 us is queued. A
-    # host thread descheduled for over 200 us inside a call (a loaded machine)
-    # can still rouse the worker now and then.
+    # host thread descheduled for over 200 us inside a call (a loaded
+    # machine) can still rouse the worker now and then, so the best of three
+    # tries is judged (the rule broken fails all three).
+    tries = []
+    for _ in range(3):
+        _, x = _a_sleeping_worker()
+        begin, calls = time.monotonic(), 0
+        while time.monotonic() - begin < 0.05:  # far longer than a burst needs
+            y = x * 2
+            z = y + 1
+            z.sum().item()  # the host reads the result
+            _busy_wait(0.0003)  # the next request comes 300 us later
+            calls += 1
+        launched = launched_count("aten::mul.Tensor")
+        tries.append((launched / calls, calls, torch_ember.launch_stats()))
+        assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
+        if launched <= calls // 10:
+            break
+    share, calls, stats = min(tries, key=lambda t: t[0])
     assert calls >= 20
-    assert launched_count("aten::mul.Tensor") <= calls // 10, (calls, torch_ember.launch_stats())
-    assert torch.equal(z.cpu(), x.cpu() * 2 + 1)
+    assert share <= 0.1, (calls, stats)
