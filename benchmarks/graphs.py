@@ -156,8 +156,8 @@ def _gpt2(device: str, prompt_len: int, max_len: int):
 
     torch.manual_seed(0)
     cfg = tr.GPT2Config()
-    # Normal (not inference) tensors: ember packs only weights whose writes it
-    # can see (inference tensors have no version counter).
+    # Normal (not inference) tensors, as the eager suite moves its models
+    # (ember packs inference tensors too).
     with torch.inference_mode(False):
         model = tr.GPT2LMHeadModel(cfg).eval().to(device)
     cache = tr.StaticCache(config=cfg, max_cache_len=max_len)

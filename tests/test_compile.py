@@ -570,6 +570,5 @@ def test_compiled_linears_use_packed_weights_and_see_in_place_writes(mode):
             compiled(x)
         info = torch.backends.ember.packed_weights_info()
         assert info["hits"] > before["hits"]
-        assert info["inference_tensors_refused"] == before["inference_tensors_refused"]
         lin.weight.mul_(2)
         torch.testing.assert_close(compiled(x).cpu(), lin(x).cpu(), **TOL)

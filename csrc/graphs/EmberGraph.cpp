@@ -83,6 +83,8 @@ void EmberGraphImpl::capture_begin(at::MempoolId_t pool,
   pool_ = number;
   mode_ = runtime_mode(mode);
   begin_thread_ = std::this_thread::get_id();
+  writes_ = std::make_shared<StorageWriteRecording>();
+  writes_->begin();
   capturing_ = true;
 }
 
@@ -92,6 +94,7 @@ void EmberGraphImpl::end_capture_state() {
       device.streams().get(stream_).end_capture();
   capture::g_captures_underway.fetch_sub(1, std::memory_order_relaxed);
   capturing_ = false;
+  writes_->end();
   device.allocator().end_allocate_to_pool(pool_);
   at::Generator generator =
       default_generator(static_cast<c10::DeviceIndex>(device_));
@@ -148,6 +151,10 @@ void EmberGraphImpl::replay() {
               "replay() of an EmberGraph with no captured graph (capture "
               "first, or the graph was reset)");
   rt::Stream& stream = rt::device(device_).streams().current();
+  // Reported at the call, as an eager op's writes are: a GEMM called after
+  // it on the host sees its weight written and reads the weight's memory in
+  // stream order (after the replay) instead of a stale pack.
+  writes_->report();
   // With asynchronous execution off (the default on one core) the replay
   // runs on the calling thread, as every op then does: a hand-off to the
   // worker would cost more than the host work it saves.
@@ -170,6 +177,7 @@ void EmberGraphImpl::reset() {
     graph_->clear();
     graph_.reset();
   }
+  writes_.reset();
   if (pool_ != 0) {
     rt::CachingAllocator& allocator = rt::device(device_).allocator();
     allocator.release_pool(pool_);

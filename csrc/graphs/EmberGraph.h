@@ -9,7 +9,10 @@
 // once while recording it; capture_end restores the generator state (so
 // capture consumes no random numbers: replays draw them as the eager steps
 // would). replay queues every recorded unit on the current stream as one
-// unit of work. reset drops the units and the graph's use of its pool.
+// unit of work, having reported the storages the capture wrote (in place:
+// a weight an optimizer step updates) as written, so that ember's caches of
+// them (packed weights) see the replay's writes. reset drops the units and
+// the graph's use of its pool.
 #pragma once
 
 #include <ATen/core/GraphImplInterface.h>
@@ -22,6 +25,7 @@
 
 #include "ember/runtime/graph.h"
 #include "ember/runtime/stream.h"
+#include "ops/StorageWrites.h"
 
 namespace ember {
 
@@ -58,6 +62,8 @@ class EmberGraphImpl final : public at::GraphImplInterface {
       begin_thread_;  // capture_end must come from it unless relaxed
   bool debug_ = false;
   at::Tensor rng_state_;  // the generator's state at capture_begin
+  // The storages the capture wrote (recorded on the capturing thread).
+  std::shared_ptr<StorageWriteRecording> writes_;
 };
 
 }  // namespace ember

@@ -65,7 +65,9 @@ at::Tensor keep_for_replay(const at::Tensor& original, const at::Tensor& alias,
 }
 
 namespace {
+// An inference tensor has none: its writes are seen by the storage watch.
 int64_t version_of(const at::Tensor& t) {
+  if (t.is_inference()) return 0;
   return static_cast<int64_t>(
       t.unsafeGetTensorImpl()->version_counter().current_version());
 }

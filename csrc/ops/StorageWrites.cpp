@@ -2,6 +2,7 @@
 
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <unordered_map>
 
@@ -26,6 +27,7 @@ std::unordered_map<const c10::StorageImpl*, Watched>& registry() {
   return *watched;
 }
 std::atomic<int64_t> watched_storages{0};
+thread_local std::shared_ptr<StorageWriteRecording> t_recording;
 
 const c10::StorageImpl* storage_of(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? t.storage().unsafeGetStorageImpl()
@@ -81,12 +83,58 @@ bool StorageWriteWatch::written() const {
 }
 
 void note_storage_write(const at::Tensor& written) {
+  if (t_recording != nullptr) [[unlikely]] {
+    if (const c10::StorageImpl* storage = storage_of(written)) {
+      t_recording->add(storage, written.storage().getWeakStorageImpl());
+    }
+  }
   if (watched_storages.load(std::memory_order_relaxed) == 0) return;
   const c10::StorageImpl* storage = storage_of(written);
   if (storage == nullptr) return;
   std::lock_guard<ForkHeldMutex> lock(registry_mutex());
   auto it = registry().find(storage);
   if (it != registry().end()) ++it->second.writes;
+}
+
+void StorageWriteRecording::begin() {
+  outer_ = std::move(t_recording);
+  t_recording = shared_from_this();
+}
+
+void StorageWriteRecording::end() {
+  if (t_recording.get() == this) t_recording = std::move(outer_);
+  outer_.reset();
+}
+
+StorageWriteRecording* StorageWriteRecording::current() {
+  return t_recording.get();
+}
+
+void StorageWriteRecording::add(
+    const c10::StorageImpl* storage,
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak) {
+  if (outer_ != nullptr) outer_->add(storage, weak);
+  const auto at = std::lower_bound(seen_.begin(), seen_.end(), storage);
+  if (at != seen_.end() && *at == storage) return;
+  seen_.insert(at, storage);
+  storages_.push_back(std::move(weak));
+}
+
+void StorageWriteRecording::report() const {
+  if (watched_storages.load(std::memory_order_relaxed) == 0) return;
+  // A storage released since (and any at its address now) was not written
+  // by the replay. The live ones are held until after the lock is released:
+  // a storage's last reference may run a Python object's destructor.
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> alive;
+  alive.reserve(storages_.size());
+  for (const auto& weak : storages_) {
+    if (auto storage = weak.lock()) alive.push_back(std::move(storage));
+  }
+  std::lock_guard<ForkHeldMutex> lock(registry_mutex());
+  for (const auto& storage : alive) {
+    auto it = registry().find(storage.get());
+    if (it != registry().end()) ++it->second.writes;
+  }
 }
 
 }  // namespace ember

@@ -12,8 +12,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
 
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 namespace c10 {
 struct StorageImpl;
@@ -41,7 +44,34 @@ class StorageWriteWatch {
 };
 
 // Reports a write to `written`'s storage (an in-place or out= argument).
-// Costs one relaxed atomic load while nothing is watched.
+// Costs one relaxed atomic load while nothing is watched and no recording
+// is underway on the calling thread.
 void note_storage_write(const at::Tensor& written);
+
+// The storages written on one thread while it records them: a graph's
+// capture. A replay writes them again by running the recorded kernels,
+// through none of ember's op paths, so it reports them again itself
+// (report()). Begun and ended on the thread that captures; recordings
+// nest (the inner one also adds to the outer). Owned by a shared_ptr: the
+// thread records into it until end(), whoever else lets go of it.
+class StorageWriteRecording
+    : public std::enable_shared_from_this<StorageWriteRecording> {
+ public:
+  void begin();  // on this thread, until end()
+  void end();    // on the thread that called begin()
+  // Reports a write to each recorded storage still alive.
+  void report() const;
+  size_t size() const { return storages_.size(); }
+
+  // The recording underway on this thread (tests of nesting), or null.
+  static StorageWriteRecording* current();
+  void add(const c10::StorageImpl* storage,
+           c10::weak_intrusive_ptr<c10::StorageImpl> weak);
+
+ private:
+  std::shared_ptr<StorageWriteRecording> outer_;
+  std::vector<const c10::StorageImpl*> seen_;  // sorted, for deduplication
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> storages_;
+};
 
 }  // namespace ember

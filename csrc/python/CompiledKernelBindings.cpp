@@ -28,6 +28,7 @@
 #include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
+#include "ops/StorageWrites.h"
 
 namespace py = pybind11;
 
@@ -112,13 +113,36 @@ std::optional<KernelCall> kernel_call(void* fn, const py::tuple& args,
   return call;
 }
 
+// Reports the writes of a kernel to the ember tensors among `args` at the
+// positions `written` lists (its non-const pointer arguments; None: all of
+// them), as ember's ops report theirs: its raw stores reach the weights a
+// compiled step updates in place, which no version counter sees in an
+// inference tensor, nor in a graph's replay (ops/StorageWrites.h).
+void note_kernel_writes(const py::tuple& args, const py::object& written) {
+  const auto note = [&](size_t i) {
+    if (i < args.size() && THPVariable_Check(args[i].ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(args[i].ptr());
+      if (t.defined() && t.is_privateuseone()) note_storage_write(t);
+    }
+  };
+  if (written.is_none()) {
+    for (size_t i = 0; i < args.size(); ++i) note(i);
+    return;
+  }
+  for (const py::handle index : written) note(index.cast<size_t>());
+}
+
 }  // namespace
 
 void bind_compiled_kernels(py::module& m) {
+  m.def("note_kernel_writes", &note_kernel_writes, py::arg("args"),
+        py::arg("written"),
+        "Reports a generated kernel's writes to its ember tensor arguments "
+        "(positions `written`, or all of them for None) run on the host.");
   m.def(
       "launch_cpp_kernel",
       [](std::optional<int> device, const std::string& name, uintptr_t address,
-         const py::tuple& args) {
+         const py::tuple& args, const py::object& written) {
         if (address == 0) return false;
         const auto index = static_cast<c10::DeviceIndex>(
             device.value_or(rt::current_device()));
@@ -130,6 +154,7 @@ void bind_compiled_kernels(py::module& m) {
         std::optional<KernelCall> call =
             kernel_call(reinterpret_cast<void*>(address), args, index);
         if (!call) return false;
+        note_kernel_writes(args, written);
         const char* kept = capture::interned(name);
         // Sized as eager ops are: a kernel over a whole activation (a
         // ResNet's fused bias + ReLU) runs at the call on an idle stream,
@@ -147,6 +172,7 @@ void bind_compiled_kernels(py::module& m) {
         return true;
       },
       py::arg("device"), py::arg("name"), py::arg("address"), py::arg("args"),
+      py::arg("written") = py::none(),
       "Queues a generated C++ kernel (its address, its pointer and int "
       "arguments) on the current stream of an ember device (recorded there "
       "when that stream captures a graph). False, with nothing queued, when "

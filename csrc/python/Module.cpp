@@ -241,7 +241,6 @@ PYBIND11_MODULE(_C, m) {
     d["invalidations"] = s.invalidations;
     d["evictions"] = s.evictions;
     d["admissions_refused"] = s.admissions_refused;
-    d["inference_tensors_refused"] = s.inference_tensors_refused;
     d["library"] = matmul::tall_gemm_library();
     return d;
   });

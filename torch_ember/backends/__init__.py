@@ -197,7 +197,7 @@ def benchmark_cache_info() -> dict[str, Any]:
 def packed_weights_info() -> dict[str, int | str]:
     """The prepacked-weight cache of the default GEMM route:
     ``{"entries", "bytes", "limit", "hits", "packs", "invalidations",
-    "evictions", "admissions_refused", "inference_tensors_refused"}`` (counts;
+    "evictions", "admissions_refused"}`` (counts;
     ``admissions_refused``: packs not made because the budget was full of
     packs used as often, docs/backends.md) and ``"library"``:
     whose packed GEMM runs fp32 GEMMs of more than 16 rows on this CPU
@@ -209,11 +209,8 @@ def packed_weights_info() -> dict[str, int | str]:
     back unchanged (a weight) is packed on its second use; packs live in ember
     memory (counted in ``torch.ember.memory_stats()``, key
     ``packed_weight_bytes``) and go with ``torch.ember.empty_cache()``, a write
-    to the weight or its release. ``inference_tensors_refused`` counts GEMM
-    calls on inference tensors (a model moved to ember inside
-    ``torch.inference_mode()``): they are never packed, since ember cannot see
-    writes to them, and take the slower unpacked route; move the model
-    outside inference mode."""
+    to the weight or its release (writes to inference tensors, which have no
+    version counter, included: ember's write paths report them)."""
     return dict(_C.pack_cache_info())
 
 

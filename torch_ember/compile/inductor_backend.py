@@ -90,7 +90,19 @@ class _EmberWrapperLines:
             # ops launched before it (extern kernels), as an eager op is
             # (torch_ember/compile/kernel_launch.py)
             index = None if device.index is None else device.index
-            args = ", ".join([str(index), repr(kernel_name), kernel_name, *call_args])
+            # The arguments it writes: its non-const pointers (reported as
+            # written at launch, kernel_launch.launch_cpp).
+            arg_types = kwargs.get("arg_types")
+            written = None
+            if arg_types is not None and len(arg_types) == len(call_args):
+                written = tuple(
+                    i
+                    for i, kind in enumerate(arg_types)
+                    if str(kind).strip().endswith("*") and not str(kind).strip().startswith("const")
+                )
+            args = ", ".join(
+                [str(index), repr(kernel_name), kernel_name, repr(written), *call_args]
+            )
             self.writeline(f"{_launch_name(self)}({args}){self.ending}")
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)

@@ -3,7 +3,8 @@ Inductor's C++ kernels launched on the device's stream, and views of the
 graph's inputs.
 
 The Python wrapper of a compiled graph calls ``ember_launch_cpp(device, name,
-kernel, *args)`` for each generated C++ kernel on ember. The kernel is queued
+kernel, written, *args)`` for each generated C++ kernel on ember (``written``:
+the positions of the pointer arguments it writes). The kernel is queued
 on the device's current stream like an eager op (``torch_ember._C.
 launch_cpp_kernel``: its C entry point, called on the stream's worker with the
 tensors' data pointers), so the host goes on with the graph while it runs.
@@ -48,10 +49,14 @@ def entry_point(kernel) -> int:
     return address
 
 
-def launch_cpp(device: int | None, name: str, kernel, *args) -> None:
+def launch_cpp(device: int | None, name: str, kernel, written, *args) -> None:
     """Runs a generated C++ kernel of ``device``: queued on its current stream
-    when it can be, else after that stream's work, on this thread."""
-    if not _C.launch_cpp_kernel(device, name, entry_point(kernel), args):
+    when it can be, else after that stream's work, on this thread.
+    ``written``: the positions of the arguments it writes (its non-const
+    pointers; None: any), reported as written as ember's ops report theirs
+    (a pack of a weight the kernel updates is then dropped)."""
+    if not _C.launch_cpp_kernel(device, name, entry_point(kernel), args, written):
+        _C.note_kernel_writes(args, written)
         _C.wait_for_current_stream(device)
         kernel(*args)
 

@@ -85,17 +85,18 @@ class PackCache {
       const at::Tensor& b, PackKind kind, uint64_t geometry = 0,
       const OneDnnReorder* reorder = nullptr) {
     if (limit_ <= 0) return nullptr;
-    if (b.is_inference()) {
-      inference_refusals_.fetch_add(1, std::memory_order_relaxed);
-      return nullptr;
-    }
     const c10::StorageImpl* impl = b.storage().unsafeGetStorageImpl();
     const Key key{impl,        b.storage_offset(),
                   b.size(0),   b.numel() / std::max<int64_t>(b.size(0), 1),
                   b.stride(0), b.stride(-1),
                   kind,        geometry};
+    // An inference tensor (a model moved to ember under inference_mode) has
+    // no version counter: its writes are seen by the storage watch alone,
+    // which every write through ember's op paths reports (StorageWrites.h).
     const uint32_t version =
-        b.unsafeGetTensorImpl()->version_counter().current_version();
+        b.is_inference()
+            ? 0
+            : b.unsafeGetTensorImpl()->version_counter().current_version();
     std::lock_guard<std::mutex> lock(mutex_);
     age_uses();
     auto it = entries_.find(key);
@@ -153,8 +154,6 @@ class PackCache {
     s.invalidations = invalidations_;
     s.evictions = evictions_;
     s.admissions_refused = admissions_refused_;
-    s.inference_tensors_refused =
-        inference_refusals_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -176,7 +175,6 @@ class PackCache {
     bytes_ = 0;
     hits_ = packs_ = invalidations_ = evictions_ = admissions_refused_ = 0;
     lookups_since_aging_ = 0;
-    inference_refusals_.store(0, std::memory_order_relaxed);
   }
 
   // In a forked child: this cache, or a new empty one with the same limit if
@@ -374,7 +372,6 @@ class PackCache {
   int64_t hits_ = 0, packs_ = 0, invalidations_ = 0, evictions_ = 0;
   int64_t admissions_refused_ = 0;
   int64_t lookups_since_aging_ = 0;
-  std::atomic<int64_t> inference_refusals_{0};  // counted without the lock
 };
 
 // Never destroyed: it outlives every tensor.

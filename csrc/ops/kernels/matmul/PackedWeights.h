@@ -61,8 +61,9 @@ struct PackedWeight {
 // The pack of `b` (a 2-D fp32 or, for kOneDnnBf16, bf16 ember tensor, K x N)
 // for `kind`, or nullptr when `b` is not worth packing yet: a B seen for the
 // first time (or whose contents changed since last time) is only remembered;
-// the pack is made when the same contents come back. Inference tensors (no
-// version counter) and packs that do not fit the budget are never packed.
+// the pack is made when the same contents come back. Packs that do not
+// fit the budget are never made. An inference tensor (no version counter) is
+// packed too: its writes are seen by the storage watch alone.
 std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
                                                   PackKind kind);
 
@@ -86,10 +87,6 @@ struct PackCacheStats {
   // New packs not made because they would push out packs used as often
   // (a model whose packs exceed the budget keeps those it has).
   int64_t admissions_refused = 0;
-  // GEMMs on an inference tensor (made under torch.inference_mode(), e.g. a
-  // model moved to ember there): not packed, since writes to it cannot be
-  // seen (no version counter); they take the unpacked route.
-  int64_t inference_tensors_refused = 0;
 };
 // Counters run from the last clear_pack_cache() (torch.ember.empty_cache()).
 PackCacheStats pack_cache_stats();
