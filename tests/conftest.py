@@ -85,6 +85,15 @@ def clean_memory():
 
 
 @pytest.fixture
+def empty_caches():
+    """Empties ember's caches (blocks, packed weights, tuning choices) before
+    and after the test, so that each test's packs and choices are its own."""
+    torch.ember.empty_cache()
+    yield
+    torch.ember.empty_cache()
+
+
+@pytest.fixture
 def run_python():
     """Runs ``python -c code`` in a fresh interpreter with environment overrides.
 

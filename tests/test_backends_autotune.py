@@ -10,11 +10,7 @@ DEVICE = "ember"
 be = torch.backends.ember
 
 
-@pytest.fixture(autouse=True)
-def _empty_tuning_cache():
-    torch.ember.empty_cache()
-    yield
-    torch.ember.empty_cache()
+pytestmark = pytest.mark.usefixtures("empty_caches")
 
 
 def _conv_args(seed=0, channels=8, size=10):

@@ -17,11 +17,7 @@ EPS32 = torch.finfo(torch.float32).eps
 be = torch.backends.ember
 
 
-@pytest.fixture(autouse=True)
-def _fresh_packs():
-    torch.ember.empty_cache()
-    yield
-    torch.ember.empty_cache()
+pytestmark = pytest.mark.usefixtures("empty_caches")
 
 
 def _check(out, x, w, b, **kw):

@@ -45,11 +45,7 @@ def _packs():
 LARGE_ROUTE = f"{be.packed_weights_info()['library']}/packed"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_packs():
-    torch.ember.empty_cache()
-    yield
-    torch.ember.empty_cache()
+pytestmark = pytest.mark.usefixtures("empty_caches")
 
 
 ROWS = [1, 2, 5, 16, 17, 64, 300]

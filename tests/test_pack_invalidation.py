@@ -17,11 +17,7 @@ DEVICE = "ember"
 be = torch.backends.ember
 
 
-@pytest.fixture(autouse=True)
-def _fresh_packs():
-    torch.ember.empty_cache()
-    yield
-    torch.ember.empty_cache()
+pytestmark = pytest.mark.usefixtures("empty_caches")
 
 
 def _assert_linear(out, lin, x):
