@@ -105,3 +105,25 @@ def test_a_compiled_in_place_update_of_a_weight_drops_its_pack(mode):
         for _ in range(3):
             update(lin.weight)
             _assert_linear(lin(x), lin, x)
+
+
+def test_an_inference_graph_sees_a_weight_another_graphs_replay_updates():
+    """A graph's packed linear checks its weight at each replay; the update
+    comes from another graph's replay (a graphed optimizer step)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 64).to(DEVICE)
+    x = torch.randn(20, 64, device=DEVICE)
+    with torch.no_grad():
+        for _ in range(3):
+            lin(x)
+        forward, update = torch.ember.EmberGraph(), torch.ember.EmberGraph()
+        with torch.ember.graph(update):  # first: its capture's own write is
+            lin.weight.mul_(2)  # then older than the forward's check
+        for _ in range(3):
+            lin(x)
+        with torch.ember.graph(forward):
+            y = lin(x)
+        for _ in range(3):
+            update.replay()
+            forward.replay()
+            _assert_linear(y, lin, x)
