@@ -106,10 +106,6 @@ void StorageWriteRecording::end() {
   outer_.reset();
 }
 
-StorageWriteRecording* StorageWriteRecording::current() {
-  return t_recording.get();
-}
-
 void StorageWriteRecording::add(
     const c10::StorageImpl* storage,
     c10::weak_intrusive_ptr<c10::StorageImpl> weak) {

@@ -61,10 +61,7 @@ class StorageWriteRecording
   void end();    // on the thread that called begin()
   // Reports a write to each recorded storage still alive.
   void report() const;
-  size_t size() const { return storages_.size(); }
-
-  // The recording underway on this thread (tests of nesting), or null.
-  static StorageWriteRecording* current();
+  // note_storage_write's entry: `storage` was written on this thread.
   void add(const c10::StorageImpl* storage,
            c10::weak_intrusive_ptr<c10::StorageImpl> weak);
 
