@@ -91,6 +91,13 @@ void bind_engine(py::module& m) {
       },
       "Wake-ups sent to the stream's sleeping worker without work (tests).");
   m.def(
+      "_engine_worker_moves",
+      [](int device, int64_t stream_id) {
+        return stream_of(device, stream_id).moves_off_host_cpu();
+      },
+      "Times the stream's worker moved off the core of the host thread "
+      "launching to it (tests).");
+  m.def(
       "_engine_enqueue_failure",
       [](int device, int64_t stream_id, std::string name, std::string message) {
         // The name must outlive the work: kept by the process.

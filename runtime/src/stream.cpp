@@ -149,6 +149,7 @@ void Stream::enqueue(const char* name, Work work) {
   if (bursts_tracked_.load(std::memory_order_relaxed)) {
     note_work_queued(steady_now_ns());
   }
+  note_host_cpu();
   std::unique_lock<std::mutex> lock(mutex_);
   if (shut_down_) {
     lock.unlock();
@@ -275,6 +276,7 @@ void Stream::worker_loop() {
   worker_asleep_.store(false, std::memory_order_release);
   t_in_stream_worker = true;
   if (config_ != nullptr) pin_to_cores(config_->cores);
+  note_worker_cores();
   try {
     set_current_device(device_index_);
   } catch (const std::exception&) {
@@ -290,6 +292,13 @@ void Stream::worker_loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   bool ran_work = false;
   for (;;) {
+    if (shares_host_cpu()) {
+      // Not under the lock: a host blocked on it would be woken here, on
+      // this core, by the unlock.
+      lock.unlock();
+      move_off_host_cpu();
+      lock.lock();
+    }
     if (queue_.empty() && !stopping_) {
       lock.unlock();
       spin_for_work();
@@ -300,8 +309,9 @@ void Stream::worker_loop() {
       sleep_until_work(lock, ran_work);
       worker_asleep_.store(false, std::memory_order_release);
       rouse_requested_ = false;
-      // Roused with nothing queued: poll for the work about to come.
-      if (queue_.empty() && !stopping_) continue;
+      // Back to the top: woken on the waker's core, perhaps (move off
+      // it); roused with nothing queued (poll for the work about to come).
+      continue;
     }
     if (queue_.empty()) return;  // stopping, and everything ran
     Item item = std::move(queue_.front());
@@ -369,6 +379,7 @@ void Stream::wait_queue_for_run() {
   std::vector<Work> finished;
   std::unique_lock<std::mutex> lock(mutex_);
   wait_idle(lock);
+  note_host_cpu();
   if (!submitting_held_here()) finished = take_finished();  // submit_taken
   raise_pending_error(lock);
 }

@@ -39,6 +39,7 @@ void Stream::sleep_until_work(std::unique_lock<std::mutex>& lock,
 }
 
 void Stream::rouse_worker() {
+  note_host_cpu();
   std::lock_guard<std::mutex> lock(mutex_);
   if (shut_down_ || stopping_ || rouse_requested_) return;
   if (worker_ == nullptr) {

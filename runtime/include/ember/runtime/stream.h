@@ -236,6 +236,25 @@ class Stream final {
   static constexpr std::chrono::microseconds kRouseAfter{200};
   static constexpr double kRouseMinHostShare = 0.25;
 
+  // The worker keeps off the core of the host thread feeding it
+  // (stream_placement.cpp). A wake-up tends to put the woken thread on its
+  // waker's core, so on 2 cores a worker roused by the host, or a host
+  // woken by the worker (or by a lock the worker held), can end up sharing
+  // a core with the other while the second core idles. They then take
+  // turns: the worker's polling holds the host up, the host's launches
+  // stall, the worker falls asleep between them and every launch wakes it
+  // again (a batch-1 MLP with a read after each call: 100-170 us against
+  // 35-60 on separate cores, ~20 rouses per 100 calls). The host's core is
+  // noted at its launches, rouses and waits; a worker that finds itself on
+  // it, with another of its cores to go to, moves (at most once per
+  // kMoveInterval: two host threads on two cores are not chased).
+  void note_host_cpu();
+  // Times the worker moved off the host's core.
+  uint64_t moves_off_host_cpu() const {
+    return moves_.load(std::memory_order_relaxed);
+  }
+  static constexpr std::chrono::microseconds kMoveInterval{1000};
+
   // Destroys, on the calling thread, the work the worker has finished.
   // Finished work is not destroyed by the worker: what it captured
   // (tensors) may be the last reference to memory whose release needs the
@@ -328,6 +347,11 @@ class Stream final {
   void sleep_until_work(std::unique_lock<std::mutex>& lock, bool& ran_work);
   // Blocks until `state` is complete (its marker ran on this stream).
   void wait_for(const EventState& state);
+  // The worker: remembers the cores it may run on (at its start, after
+  // pinning); whether it runs on the host's core; moves to another of them.
+  void note_worker_cores();
+  bool shares_host_cpu() const;
+  void move_off_host_cpu();
 
   const int device_index_;
   const StreamId id_;
@@ -354,6 +378,10 @@ class Stream final {
   std::atomic<int64_t> burst_last_ns_{0};
   std::atomic<int64_t> burst_work_ns_{0};  // work run at the call in it
   std::atomic<uint64_t> rouses_{0};
+  std::atomic<int> host_cpu_{-1};  // of the host's last launch or wait
+  std::atomic<uint64_t> moves_{0};
+  std::vector<int> worker_cores_;              // the worker's own
+  int64_t last_move_ns_ = 0;                   // the worker's own
   std::atomic<bool> burst_roused_{false};      // the worker was roused in it
   std::atomic<uint64_t> burst_host_waits_{0};  // host waits last seen
   // Set by the first launch that asks whether to rouse the worker: until

@@ -1,0 +1,66 @@
+// Which core a stream's worker runs on, against the host thread that feeds
+// it (stream.h: note_host_cpu and the worker's side below).
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "ember/runtime/stream.h"
+
+namespace ember::runtime {
+
+void Stream::note_host_cpu() {
+  if (in_stream_worker()) return;  // work queuing work: not the host
+  const int cpu = sched_getcpu();  // rseq or vDSO: no system call
+  if (host_cpu_.load(std::memory_order_relaxed) != cpu) {
+    host_cpu_.store(cpu, std::memory_order_relaxed);
+  }
+}
+
+void Stream::note_worker_cores() {
+  worker_cores_.clear();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return;
+  for (int core = 0; core < CPU_SETSIZE; ++core) {
+    if (CPU_ISSET(core, &set)) worker_cores_.push_back(core);
+  }
+}
+
+bool Stream::shares_host_cpu() const {
+  return worker_cores_.size() >= 2 &&
+         sched_getcpu() == host_cpu_.load(std::memory_order_relaxed);
+}
+
+void Stream::move_off_host_cpu() {
+  const int host = host_cpu_.load(std::memory_order_relaxed);
+  const int64_t now = steady_now_ns();
+  if (now - last_move_ns_ < std::chrono::nanoseconds(kMoveInterval).count()) {
+    return;
+  }
+  last_move_ns_ = now;
+  cpu_set_t others;
+  cpu_set_t all;
+  CPU_ZERO(&others);
+  CPU_ZERO(&all);
+  for (int core : worker_cores_) {
+    if (core < 0 || core >= CPU_SETSIZE) continue;
+    CPU_SET(core, &all);
+    if (core != host) CPU_SET(core, &others);
+  }
+  if (CPU_COUNT(&others) == 0) return;
+  // Narrowing the mask moves the thread at once; widening it again leaves
+  // it there and lets the scheduler balance later. The mask is narrow only
+  // between the two calls, so OpenMP threads the worker starts later still
+  // get all of its cores.
+  if (pthread_setaffinity_np(pthread_self(), sizeof(others), &others) != 0) {
+    return;
+  }
+  (void)pthread_setaffinity_np(pthread_self(), sizeof(all), &all);
+  moves_.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace ember::runtime

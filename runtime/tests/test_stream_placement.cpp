@@ -1,0 +1,114 @@
+// The worker keeps off the host thread's core (stream.h, note_host_cpu).
+#include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "ember/runtime/stream.h"
+
+namespace ember::runtime {
+namespace {
+
+cpu_set_t allowed() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  sched_getaffinity(0, sizeof(set), &set);
+  return set;
+}
+
+int first_core(const cpu_set_t& set) {
+  for (int core = 0; core < CPU_SETSIZE; ++core) {
+    if (CPU_ISSET(core, &set)) return core;
+  }
+  return -1;
+}
+
+void pin_self(int core) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(core, &one);
+  ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+}
+
+// Pins the calling thread to one core for its scope.
+class PinnedTo {
+ public:
+  explicit PinnedTo(int core) : before_(allowed()) { pin_self(core); }
+  ~PinnedTo() {
+    pthread_setaffinity_np(pthread_self(), sizeof(before_), &before_);
+  }
+
+ private:
+  cpu_set_t before_;
+};
+
+TEST(StreamPlacement, WorkerOnTheHostsCoreMovesToAnother) {
+  const cpu_set_t cores = allowed();
+  if (CPU_COUNT(&cores) < 2) GTEST_SKIP() << "needs two cores";
+  const int host_core = first_core(cores);
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  stream.enqueue("start", [] {});  // the worker starts with every core
+  stream.synchronize();
+
+  PinnedTo pinned(host_core);
+  uint64_t moves_before = 0;
+  uint64_t moves_after = 0;
+  int ran_on = -1;
+  // Queued back to back, so the worker does not sleep between them. Busy
+  // twice first, each time for longer than the moves' rate limit: a move
+  // made as the host woke it, or after the first, is over and out of reach.
+  const auto busy = [&] {
+    const auto end =
+        std::chrono::steady_clock::now() + Stream::kMoveInterval * 2;
+    while (std::chrono::steady_clock::now() < end) {
+    }
+    moves_before = stream.moves_off_host_cpu();
+  };
+  stream.enqueue("busy", busy);
+  stream.enqueue("busy again", busy);
+  // Where a wake-up on the waker's core would put it: beside the host.
+  stream.enqueue("to the host's core", [&] {
+    pin_self(host_core);
+    pthread_setaffinity_np(pthread_self(), sizeof(cores), &cores);
+  });
+  stream.enqueue("where", [&] {
+    ran_on = sched_getcpu();
+    moves_after = stream.moves_off_host_cpu();
+  });
+  // The host polls rather than sleeps: an idle host core would be a fair
+  // place for the scheduler to move the worker back to.
+  while (!stream.query()) {
+  }
+  stream.synchronize();
+  EXPECT_NE(ran_on, host_core);
+  EXPECT_EQ(moves_after, moves_before + 1);
+
+  // Its mask is whole again: OpenMP threads it starts get every core.
+  cpu_set_t mask;
+  stream.enqueue("mask", [&] { mask = allowed(); });
+  stream.synchronize();
+  EXPECT_TRUE(CPU_EQUAL(&mask, &cores));
+}
+
+TEST(StreamPlacement, AOneCoreWorkerStaysBesideTheHost) {
+  const int core = first_core(allowed());
+  auto config = std::make_shared<WorkerConfig>();
+  config->cores = {core};
+  StreamPool pool(0, config);
+  Stream& stream = pool.create();
+  PinnedTo pinned(core);
+  int ran_on = -1;
+  for (int i = 0; i < 3; ++i) {
+    stream.enqueue("where", [&] { ran_on = sched_getcpu(); });
+    stream.synchronize();
+    EXPECT_EQ(ran_on, core);
+  }
+  EXPECT_EQ(stream.moves_off_host_cpu(), 0u);
+}
+
+}  // namespace
+}  // namespace ember::runtime
