@@ -12,11 +12,21 @@
 
 namespace ember::runtime {
 
+namespace {
+thread_local char t_thread_token;  // its address tells threads apart
+}  // namespace
+
 void Stream::note_host_cpu() {
   if (in_stream_worker()) return;  // work queuing work: not the host
   const int cpu = sched_getcpu();  // rseq or vDSO: no system call
   if (host_cpu_.load(std::memory_order_relaxed) != cpu) {
     host_cpu_.store(cpu, std::memory_order_relaxed);
+  }
+  const void* thread = &t_thread_token;
+  if (host_thread_.load(std::memory_order_relaxed) != thread) {
+    if (host_thread_.exchange(thread, std::memory_order_relaxed) != nullptr) {
+      host_thread_changed_ns_.store(steady_now_ns(), std::memory_order_relaxed);
+    }
   }
 }
 
@@ -40,6 +50,10 @@ void Stream::move_off_host_cpu() {
   const int64_t now = steady_now_ns();
   if (now - last_move_ns_ < std::chrono::nanoseconds(kMoveInterval).count()) {
     return;
+  }
+  if (now - host_thread_changed_ns_.load(std::memory_order_relaxed) <
+      std::chrono::nanoseconds(kSharedFeedHold).count()) {
+    return;  // several host threads feed this stream
   }
   last_move_ns_ = now;
   cpu_set_t others;

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -55,43 +56,91 @@ TEST(StreamPlacement, WorkerOnTheHostsCoreMovesToAnother) {
   stream.synchronize();
 
   PinnedTo pinned(host_core);
-  uint64_t moves_before = 0;
-  uint64_t moves_after = 0;
-  int ran_on = -1;
-  // Queued back to back, so the worker does not sleep between them. Busy
-  // twice first, each time for longer than the moves' rate limit: a move
-  // made as the host woke it, or after the first, is over and out of reach.
-  const auto busy = [&] {
-    const auto end =
-        std::chrono::steady_clock::now() + Stream::kMoveInterval * 2;
-    while (std::chrono::steady_clock::now() < end) {
+  // Up to three tries: under other load the scheduler may fairly put the
+  // worker back beside the host before its next unit runs; the move itself
+  // is counted every time.
+  bool moved_away = false;
+  for (int attempt = 0; attempt < 3 && !moved_away; ++attempt) {
+    uint64_t moves_before = 0;
+    uint64_t moves_after = 0;
+    int ran_on = -1;
+    // Queued back to back, so the worker does not sleep between them. Busy
+    // twice first, each time for longer than the moves' rate limit: a move
+    // made as the host woke it, or after the first, is over and out of
+    // reach.
+    const auto busy = [&] {
+      const auto end =
+          std::chrono::steady_clock::now() + Stream::kMoveInterval * 2;
+      while (std::chrono::steady_clock::now() < end) {
+      }
+      moves_before = stream.moves_off_host_cpu();
+    };
+    stream.enqueue("busy", busy);
+    stream.enqueue("busy again", busy);
+    // Where a wake-up on the waker's core would put it: beside the host.
+    stream.enqueue("to the host's core", [&] {
+      pin_self(host_core);
+      pthread_setaffinity_np(pthread_self(), sizeof(cores), &cores);
+    });
+    stream.enqueue("where", [&] {
+      ran_on = sched_getcpu();
+      moves_after = stream.moves_off_host_cpu();
+    });
+    // The host polls rather than sleeps: an idle host core would be a fair
+    // place for the scheduler to move the worker back to.
+    while (!stream.query()) {
     }
-    moves_before = stream.moves_off_host_cpu();
-  };
-  stream.enqueue("busy", busy);
-  stream.enqueue("busy again", busy);
-  // Where a wake-up on the waker's core would put it: beside the host.
-  stream.enqueue("to the host's core", [&] {
-    pin_self(host_core);
-    pthread_setaffinity_np(pthread_self(), sizeof(cores), &cores);
-  });
-  stream.enqueue("where", [&] {
-    ran_on = sched_getcpu();
-    moves_after = stream.moves_off_host_cpu();
-  });
-  // The host polls rather than sleeps: an idle host core would be a fair
-  // place for the scheduler to move the worker back to.
-  while (!stream.query()) {
+    stream.synchronize();
+    EXPECT_EQ(moves_after, moves_before + 1);
+    moved_away = ran_on != host_core;
   }
-  stream.synchronize();
-  EXPECT_NE(ran_on, host_core);
-  EXPECT_EQ(moves_after, moves_before + 1);
+  EXPECT_TRUE(moved_away);
 
   // Its mask is whole again: OpenMP threads it starts get every core.
   cpu_set_t mask;
   stream.enqueue("mask", [&] { mask = allowed(); });
   stream.synchronize();
   EXPECT_TRUE(CPU_EQUAL(&mask, &cores));
+}
+
+TEST(StreamPlacement, TwoHostThreadsFeedingOneStreamAreNotChased) {
+  const cpu_set_t cores = allowed();
+  if (CPU_COUNT(&cores) < 2) GTEST_SKIP() << "needs two cores";
+  const int first = first_core(cores);
+  int second = first + 1;
+  while (!CPU_ISSET(second, &cores)) ++second;
+  StreamPool pool(0);
+  Stream& stream = pool.create();
+  stream.enqueue("start", [] {});
+  stream.synchronize();
+  // Two host threads, one per core, each putting the worker on its own
+  // core again and again (as wake-ups on the waker's core would).
+  std::atomic<int> started{0};
+  std::atomic<bool> stop{false};
+  const auto host = [&](int core) {
+    pin_self(core);
+    bool counted = false;
+    while (!stop.load()) {
+      stream.enqueue("to my core", [&cores, core] {
+        pin_self(core);
+        pthread_setaffinity_np(pthread_self(), sizeof(cores), &cores);
+      });
+      if (!counted) started.fetch_add(1);
+      counted = true;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  };
+  std::thread one(host, first);
+  std::thread two(host, second);
+  while (started.load() < 2) std::this_thread::yield();
+  const uint64_t moves_before = stream.moves_off_host_cpu();
+  std::this_thread::sleep_for(Stream::kMoveInterval * 20);
+  const uint64_t moves_after = stream.moves_off_host_cpu();
+  stop.store(true);
+  one.join();
+  two.join();
+  stream.synchronize();
+  EXPECT_EQ(moves_after, moves_before);
 }
 
 TEST(StreamPlacement, AOneCoreWorkerStaysBesideTheHost) {

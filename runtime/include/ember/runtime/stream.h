@@ -247,13 +247,16 @@ class Stream final {
   // 35-60 on separate cores, ~20 rouses per 100 calls). The host's core is
   // noted at its launches, rouses and waits; a worker that finds itself on
   // it, with another of its cores to go to, moves (at most once per
-  // kMoveInterval: two host threads on two cores are not chased).
+  // kMoveInterval). Not while more than one host thread feeds the stream
+  // (another one noted within kSharedFeedHold): no core is then the
+  // host's, and a move would only trade one for another.
   void note_host_cpu();
   // Times the worker moved off the host's core.
   uint64_t moves_off_host_cpu() const {
     return moves_.load(std::memory_order_relaxed);
   }
   static constexpr std::chrono::microseconds kMoveInterval{1000};
+  static constexpr std::chrono::milliseconds kSharedFeedHold{100};
 
   // Destroys, on the calling thread, the work the worker has finished.
   // Finished work is not destroyed by the worker: what it captured
@@ -379,6 +382,8 @@ class Stream final {
   std::atomic<int64_t> burst_work_ns_{0};  // work run at the call in it
   std::atomic<uint64_t> rouses_{0};
   std::atomic<int> host_cpu_{-1};  // of the host's last launch or wait
+  std::atomic<const void*> host_thread_{nullptr};  // ... and its thread
+  std::atomic<int64_t> host_thread_changed_ns_{0};
   std::atomic<uint64_t> moves_{0};
   std::vector<int> worker_cores_;              // the worker's own
   int64_t last_move_ns_ = 0;                   // the worker's own
