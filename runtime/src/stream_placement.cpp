@@ -40,22 +40,26 @@ void Stream::note_worker_cores() {
   }
 }
 
+// True when the worker runs on the host's core and may move now (the rate
+// limit and the shared-feed hold allow it): checked before the worker lets
+// go of the queue lock, so a worker that may not move does not churn it.
 bool Stream::shares_host_cpu() const {
-  return worker_cores_.size() >= 2 &&
-         sched_getcpu() == host_cpu_.load(std::memory_order_relaxed);
+  if (worker_cores_.size() < 2 ||
+      sched_getcpu() != host_cpu_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  const int64_t now = steady_now_ns();
+  if (now - last_move_ns_ < std::chrono::nanoseconds(kMoveInterval).count()) {
+    return false;
+  }
+  // Several host threads feed this stream: no core is the host's.
+  return now - host_thread_changed_ns_.load(std::memory_order_relaxed) >=
+         std::chrono::nanoseconds(kSharedFeedHold).count();
 }
 
 void Stream::move_off_host_cpu() {
   const int host = host_cpu_.load(std::memory_order_relaxed);
-  const int64_t now = steady_now_ns();
-  if (now - last_move_ns_ < std::chrono::nanoseconds(kMoveInterval).count()) {
-    return;
-  }
-  if (now - host_thread_changed_ns_.load(std::memory_order_relaxed) <
-      std::chrono::nanoseconds(kSharedFeedHold).count()) {
-    return;  // several host threads feed this stream
-  }
-  last_move_ns_ = now;
+  last_move_ns_ = steady_now_ns();
   cpu_set_t others;
   cpu_set_t all;
   CPU_ZERO(&others);
