@@ -351,7 +351,8 @@ class Stream final {
   // Blocks until `state` is complete (its marker ran on this stream).
   void wait_for(const EventState& state);
   // The worker: remembers the cores it may run on (at its start, after
-  // pinning); whether it runs on the host's core; moves to another of them.
+  // pinning); whether it runs on the host's core and may move now (rate
+  // limit, shared-feed hold); moves to another of them.
   void note_worker_cores();
   bool shares_host_cpu() const;
   void move_off_host_cpu();
