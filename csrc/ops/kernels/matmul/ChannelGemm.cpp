@@ -32,10 +32,12 @@ constexpr int64_t kMaxDotColumns = 4;
 template <int kRows, int kPanels>
 __attribute__((target("avx512f"))) void block(const float* w, int64_t ldw,
                                               int64_t k, const float* panels,
+                                              PrefetchRun prefetch,
                                               const float* bias, float* out,
                                               int64_t ldo, int64_t columns) {
   __m512 acc[kRows][kPanels];
-  accumulate_panel_tile<kRows, kPanels>(w, ldw, k, panels, k * kWidth, acc);
+  accumulate_panel_tile<kRows, kPanels>(w, ldw, k, panels, k * kWidth, acc,
+                                        prefetch);
 #pragma GCC unroll 8
   for (int i = 0; i < kRows; ++i) {
     const __m512 b =
@@ -50,7 +52,7 @@ __attribute__((target("avx512f"))) void block(const float* w, int64_t ldw,
 }
 
 using Block = void (*)(const float*, int64_t, int64_t, const float*,
-                       const float*, float*, int64_t, int64_t);
+                       PrefetchRun, const float*, float*, int64_t, int64_t);
 
 // block<rows, panels> for every rows <= 8, panels <= 3.
 struct BlockTable {
@@ -212,8 +214,19 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
       const int64_t row_end = std::min(a.m, (chunk + 1) * chunk_rows);
       for (int64_t r = chunk * chunk_rows; r < row_end; r += kMaxRows) {
         const int64_t rows = std::min<int64_t>(kMaxRows, row_end - r);
+        // The weight rows of the next block (a small image's weight is
+        // read from memory once, by the block that needs it: fetching
+        // them a block ahead overlaps that read with this block's FMAs).
+        const int64_t next_rows =
+            std::min<int64_t>(kMaxRows, row_end - r - kMaxRows);
+        const PrefetchRun ahead =
+            a.ldw == a.k && next_rows > 0
+                ? PrefetchRun{reinterpret_cast<const char*>(
+                                  a.w + (r + kMaxRows) * a.ldw),
+                              next_rows * a.k * 4 / 64}
+                : PrefetchRun{};
         kernels.table[rows - 1][np - 1](
-            a.w + r * a.ldw, a.ldw, a.k, panels,
+            a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
             a.bias != nullptr ? a.bias + r : nullptr, out + r * a.ldo, a.ldo,
             columns);
       }

@@ -67,14 +67,12 @@ __attribute__((target("avx512f"))) inline void store_block(
 }
 
 template <int kRows, int kPanels>
-__attribute__((target("avx512f"))) void block_f32(const float* a, int64_t lda,
-                                                  int64_t k,
-                                                  PanelRun<float> run,
-                                                  const float* bias, float* c,
-                                                  int64_t ldc) {
+__attribute__((target("avx512f"))) void block_f32(
+    const float* a, int64_t lda, int64_t k, PanelRun<float> run,
+    PrefetchRun prefetch, const float* bias, float* c, int64_t ldc) {
   __m512 acc[kRows][kPanels];
   accumulate_panel_tile<kRows, kPanels>(a, lda, k, run.first, run.panel_stride,
-                                        acc);
+                                        acc, prefetch);
   store_block<kRows, kPanels>(acc, bias, c, ldc, run.columns);
 }
 
@@ -82,10 +80,14 @@ __attribute__((target("avx512f"))) void block_f32(const float* a, int64_t lda,
 template <int kRows, int kPanels>
 __attribute__((target("avx512f,avx512bf16"))) void block_bf16(
     const uint32_t* a_pairs, int64_t lda_pairs, int64_t k_pairs,
-    PanelRun<uint16_t> run, const float* bias, float* c, int64_t ldc) {
+    PanelRun<uint16_t> run, PrefetchRun prefetch, const float* bias, float* c,
+    int64_t ldc) {
   __m512 acc[kRows][kPanels];
   zero_block<kRows, kPanels>(acc);
   for (int64_t kp = 0; kp < k_pairs; ++kp) {
+    if (kp < prefetch.lines) {
+      _mm_prefetch(prefetch.first + kp * 64, _MM_HINT_T1);
+    }
     __m512i w[kPanels];
 #pragma GCC unroll 4
     for (int j = 0; j < kPanels; ++j) {
@@ -121,9 +123,10 @@ struct KernelTable {
 };
 
 using F32Block = void (*)(const float*, int64_t, int64_t, PanelRun<float>,
-                          const float*, float*, int64_t);
+                          PrefetchRun, const float*, float*, int64_t);
 using Bf16Block = void (*)(const uint32_t*, int64_t, int64_t,
-                           PanelRun<uint16_t>, const float*, float*, int64_t);
+                           PanelRun<uint16_t>, PrefetchRun, const float*,
+                           float*, int64_t);
 template <int R, int P>
 struct MakeF32 {
   static constexpr F32Block fn = &block_f32<R, P>;
@@ -133,15 +136,18 @@ struct MakeBf16 {
   static constexpr Bf16Block fn = &block_bf16<R, P>;
 };
 
-// Runs body(group, row0, row1) over every panel group of B and rows of A.
-// Up to kSkinnyMaxRows rows, the groups go in chunks of about 256 KB of B;
-// small problems stay on one thread (waking helpers costs more than
-// streaming a few hundred KB). Taller A: a task per group, and when the
-// groups are too few for the threads (a narrow B), slices of rows too,
-// ordered group by group so a thread's consecutive tasks share a group's
-// panels. Each output is one task's whole sum over K, so the split never
-// changes a bit. Threads as ParallelChunks.h chooses them (a chunk team on a
-// stream worker, whose regions would wait for a thread the host displaced).
+// Runs body(group, row0, row1, next_group) over every panel group of B and
+// rows of A; next_group is the group the same thread takes up next (-1:
+// none, or the same group), whose panels body may prefetch. Up to
+// kSkinnyMaxRows rows, the groups go in chunks of about 256 KB of B; small
+// problems stay on one thread (waking helpers costs more than streaming a
+// few hundred KB). Taller A: a task per group, and when the groups are too
+// few for the threads (a narrow B), slices of rows too, ordered group by
+// group so a thread's consecutive tasks share a group's panels; each thread
+// takes one contiguous run of tasks, so it knows which group comes next.
+// Each output is one task's whole sum over K, so the split never changes a
+// bit. Threads as ParallelChunks.h chooses them (a chunk team on a stream
+// worker, whose regions would wait for a thread the host displaced).
 template <class Body>
 void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
                       Body&& body) {
@@ -157,7 +163,7 @@ void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
                               const int64_t end =
                                   std::min(groups, (chunk + 1) * grain);
                               for (int64_t g = chunk * grain; g < end; ++g)
-                                body(g, 0, m);
+                                body(g, 0, m, int64_t{-1});
                             });
     return;
   }
@@ -167,12 +173,48 @@ void for_panel_groups(int64_t n, int64_t m, int64_t bytes_per_group,
   const int64_t slice_rows = (blocks + slices - 1) / slices * kMaxBlockRows;
   slices = (m + slice_rows - 1) / slice_rows;
   const int64_t tasks = groups * slices;
-  kernels::run_chunk_loop(
-      tasks, static_cast<int>(std::min(threads, tasks)), [&](int64_t t) {
-        const int64_t row0 = t % slices * slice_rows;
-        body(t / slices, row0, std::min(m, row0 + slice_rows));
-      });
+  const int64_t runs = std::min(threads, tasks);
+  kernels::run_chunk_loop(runs, static_cast<int>(runs), [&](int64_t r) {
+    const int64_t begin = tasks * r / runs;
+    const int64_t end = tasks * (r + 1) / runs;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t row0 = t % slices * slice_rows;
+      const int64_t group = t / slices;
+      const int64_t next = t + 1 < end && (t + 1) / slices != group
+                               ? (t + 1) / slices
+                               : int64_t{-1};
+      body(group, row0, std::min(m, row0 + slice_rows), next);
+    }
+  });
 }
+
+// The panels of group `next` (none if -1), handed out to the row blocks of
+// the task before it, a slice of lines per block: every k step of a panel
+// is one 64-byte line in both precisions. Only where the group is one
+// contiguous run (panels of exactly k steps).
+struct NextPanels {
+  const char* first = nullptr;
+  int64_t lines = 0;
+  int64_t blocks = 1;
+
+  template <class BElement>
+  NextPanels(const BElement* b, int64_t panel_stride, int64_t k, int64_t panels,
+             int64_t next, int64_t rows)
+      : blocks((rows + kMaxBlockRows - 1) / kMaxBlockRows) {
+    const bool contiguous =
+        panel_stride * static_cast<int64_t>(sizeof(BElement)) == k * 64;
+    if (next < 0 || !contiguous) return;
+    const int64_t p0 = next * kGroupPanels;
+    first = reinterpret_cast<const char*>(b + p0 * panel_stride);
+    lines = std::min(kGroupPanels, panels - p0) * k;
+  }
+
+  PrefetchRun lines_for_block(int64_t block) const {
+    if (lines == 0) return {};
+    const int64_t begin = lines * block / blocks;
+    return {first + begin * 64, lines * (block + 1) / blocks - begin};
+  }
+};
 
 // C = A @ B (+ bias) by `kernels` (a KernelTable of either precision):
 // every panel group of B against A's rows in blocks of up to 6, each
@@ -187,17 +229,22 @@ void run_panel_blocks(const Table& kernels, const AElement* a, int64_t lda,
   const int64_t group_bytes =
       panel_stride * kGroupPanels * static_cast<int64_t>(sizeof(BElement));
   for_panel_groups(
-      n, m, group_bytes, [&](int64_t g, int64_t row0, int64_t row1) {
+      n, m, group_bytes,
+      [&](int64_t g, int64_t row0, int64_t row1, int64_t next) {
         const int64_t p0 = g * kGroupPanels;
         const int64_t np = std::min(kGroupPanels, panels - p0);
         const int64_t col0 = p0 * kPanelWidth;
         const PanelRun<BElement> run{b + p0 * panel_stride, panel_stride,
                                      std::min(n - col0, np * kPanelWidth)};
+        // The next group's panels, spread over this task's
+        // row blocks.
+        const NextPanels ahead(b, panel_stride, k, panels, next, row1 - row0);
         for (int64_t r = row0; r < row1; r += kMaxBlockRows) {
           const int64_t rows = std::min(kMaxBlockRows, row1 - r);
-          kernels.table[rows - 1][np - 1](a + r * lda, lda, k, run,
-                                          bias ? bias + col0 : nullptr,
-                                          c + r * ldc + col0, ldc);
+          kernels.table[rows - 1][np - 1](
+              a + r * lda, lda, k, run,
+              ahead.lines_for_block((r - row0) / kMaxBlockRows),
+              bias ? bias + col0 : nullptr, c + r * ldc + col0, ldc);
         }
       });
 }
