@@ -204,24 +204,33 @@ def test_a_burst_spent_in_kernels_at_the_call_leaves_the_worker_asleep():
     little host time to run ahead of: the worker stays asleep, so its team
     does not contend with the host's for the cores, and the small ops between
     the kernels keep running at the call."""
-    stream, x = _a_sleeping_worker()
     big, mid = torch.randn(1 << 21, device="ember"), torch.randn(1 << 19, device="ember")
-    torch.ember.synchronize()
-    rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id)
-    begin, rounds = time.monotonic(), 0
-    while time.monotonic() - begin < 0.1:  # far longer than a burst needs
-        mid.cumsum(0)  # a synchronous op at the call: ~0.3 ms, no pause
-        for _ in range(4):
-            big * 2  # a large launched op: at the call on an idle stream
-        y = x * 2  # small, while the worker sleeps: at the call
-        rounds += 1
-    assert rounds >= 10
-    # A host thread descheduled inside a round (a loaded machine) can still
-    # tip the share now and then.
-    rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id) - rouses
-    assert rouses <= rounds // 10, (rouses, rounds)
-    assert launched_count("aten::mul.Tensor") <= rounds // 10, (rounds, torch_ember.launch_stats())
-    assert torch.equal(y.cpu(), x.cpu() * 2)
+
+    def burst():
+        """(rounds, rouses, small ops queued) of one 100 ms burst."""
+        stream, x = _a_sleeping_worker()
+        rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id)
+        begin, rounds = time.monotonic(), 0
+        while time.monotonic() - begin < 0.1:  # far longer than a burst needs
+            mid.cumsum(0)  # a synchronous op at the call: ~0.3 ms, no pause
+            for _ in range(4):
+                big * 2  # a large launched op: at the call on an idle stream
+            y = x * 2  # small, while the worker sleeps: at the call
+            rounds += 1
+        assert torch.equal(y.cpu(), x.cpu() * 2)
+        rouses = _C._engine_worker_rouses(stream.device_index, stream.stream_id) - rouses
+        return rounds, rouses, launched_count("aten::mul.Tensor")
+
+    # A host thread descheduled inside a round (a loaded machine) can tip
+    # the share and rouse the worker, and once roused the rest of the burst
+    # is queued (the rule for a burst of host work): one of three bursts
+    # must keep the worker asleep; an engine that rouses it on every such
+    # burst fails all three.
+    attempts = [burst() for _ in range(3)]
+    assert all(rounds >= 10 for rounds, _, _ in attempts), attempts
+    assert any(
+        rouses <= rounds // 10 and queued <= rounds // 10 for rounds, rouses, queued in attempts
+    ), attempts
 
 
 def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():
