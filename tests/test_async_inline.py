@@ -115,12 +115,18 @@ def _busy_wait(seconds):
 
 def _a_sleeping_worker():
     """(stream, x): the current stream, its worker asleep with nothing queued
-    (whatever the queued_launches fixture set), and a small tensor on it."""
+    (whatever the queued_launches fixture set), no burst of launches going
+    on, and a small tensor on it."""
     _C._engine_keep_workers_awake(False)
     stream = torch.ember.current_stream()
     x = torch.randn(64, device="ember")
     torch.ember.synchronize()
     _wait_until_the_worker_sleeps(stream)
+    # A pause longer than the engine's burst gap (1 ms): what the caller
+    # launches next starts a burst of its own. Without it a worker that fell
+    # asleep at once leaves the burst before (a test that roused the worker)
+    # going on, and its rouse makes the caller's small ops queue.
+    time.sleep(0.005)
     torch_ember.reset_launch_stats()
     return stream, x
 
