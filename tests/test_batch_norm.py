@@ -18,6 +18,7 @@ SHAPES = [
     ((1, 64, 56, 56), False),  # a ResNet layer
     ((2, 17, 5, 3), False),  # channels and planes off the vector width
     ((2, 17, 5, 3), True),  # channels-last
+    ((4, 96, 7, 7), False),  # parallel chunks starting inside an image
     ((1, 3, 224, 224), True),
     ((5, 33), False),  # BatchNorm1d on (N, C)
     ((2, 3, 7), False),  # (N, C, L)

@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/native_batch_norm_ops.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -67,13 +68,42 @@ std::optional<Layout> inference_layout(T input, OptT weight, OptT bias,
   return std::nullopt;
 }
 
+// fold()'s arithmetic sixteen channels at a time, up to the last full
+// sixteen (returned): vsqrtps and vdivps round as the scalar sqrt and
+// division do, and the shift is one fused multiply-add as there, so the
+// bits are the same. At 2048 channels the scalar loop took a third of a
+// 7x7 batch norm's time.
+__attribute__((target("avx512f"))) int64_t fold_vector(
+    const float* mean, const float* var, const float* weight, const float* bias,
+    float eps, int64_t channels, float* scale, float* shift) {
+  int64_t c = 0;
+  for (; c + 16 <= channels; c += 16) {
+    const __m512 invstd =
+        _mm512_div_ps(_mm512_set1_ps(1.0f),
+                      _mm512_sqrt_ps(_mm512_add_ps(_mm512_loadu_ps(var + c),
+                                                   _mm512_set1_ps(eps))));
+    const __m512 s = weight != nullptr
+                         ? _mm512_mul_ps(invstd, _mm512_loadu_ps(weight + c))
+                         : invstd;
+    _mm512_storeu_ps(scale + c, s);
+    _mm512_storeu_ps(
+        shift + c, _mm512_fnmadd_ps(_mm512_loadu_ps(mean + c), s,
+                                    bias != nullptr ? _mm512_loadu_ps(bias + c)
+                                                    : _mm512_setzero_ps()));
+  }
+  return c;
+}
+
 // CPU's folding (batch_norm_cpu_collect_linear_and_constant_terms), in
 // float as there: scale = weight / sqrt(var + eps), shift = bias - mean *
 // scale.
 void fold(const float* mean, const float* var, const float* weight,
           const float* bias, float eps, int64_t channels, float* scale,
           float* shift) {
-  for (int64_t c = 0; c < channels; ++c) {
+  // vector_math_supported(): inference_layout checked it.
+  for (int64_t c =
+           fold_vector(mean, var, weight, bias, eps, channels, scale, shift);
+       c < channels; ++c) {
     const float invstd = 1.0f / std::sqrt(var[c] + eps);
     scale[c] = invstd * (weight != nullptr ? weight[c] : 1.0f);
     // One rounding, as CPU's compiled `bias - mean * scale` (contracted).
