@@ -12,7 +12,6 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -68,46 +67,34 @@ std::optional<Layout> inference_layout(T input, OptT weight, OptT bias,
   return std::nullopt;
 }
 
-// fold()'s arithmetic sixteen channels at a time, up to the last full
-// sixteen (returned): vsqrtps and vdivps round as the scalar sqrt and
-// division do, and the shift is one fused multiply-add as there, so the
-// bits are the same. At 2048 channels the scalar loop took a third of a
-// 7x7 batch norm's time.
-__attribute__((target("avx512f"))) int64_t fold_vector(
-    const float* mean, const float* var, const float* weight, const float* bias,
-    float eps, int64_t channels, float* scale, float* shift) {
-  int64_t c = 0;
-  for (; c + 16 <= channels; c += 16) {
-    const __m512 invstd =
-        _mm512_div_ps(_mm512_set1_ps(1.0f),
-                      _mm512_sqrt_ps(_mm512_add_ps(_mm512_loadu_ps(var + c),
-                                                   _mm512_set1_ps(eps))));
-    const __m512 s = weight != nullptr
-                         ? _mm512_mul_ps(invstd, _mm512_loadu_ps(weight + c))
-                         : invstd;
-    _mm512_storeu_ps(scale + c, s);
-    _mm512_storeu_ps(
-        shift + c, _mm512_fnmadd_ps(_mm512_loadu_ps(mean + c), s,
-                                    bias != nullptr ? _mm512_loadu_ps(bias + c)
-                                                    : _mm512_setzero_ps()));
-  }
-  return c;
-}
-
 // CPU's folding (batch_norm_cpu_collect_linear_and_constant_terms), in
 // float as there: scale = weight / sqrt(var + eps), shift = bias - mean *
-// scale.
-void fold(const float* mean, const float* var, const float* weight,
-          const float* bias, float eps, int64_t channels, float* scale,
-          float* shift) {
-  // vector_math_supported(): inference_layout checked it.
-  for (int64_t c =
-           fold_vector(mean, var, weight, bias, eps, channels, scale, shift);
-       c < channels; ++c) {
-    const float invstd = 1.0f / std::sqrt(var[c] + eps);
-    scale[c] = invstd * (weight != nullptr ? weight[c] : 1.0f);
-    // One rounding, as CPU's compiled `bias - mean * scale` (contracted).
-    shift[c] = std::fma(-mean[c], scale[c], bias != nullptr ? bias[c] : 0.0f);
+// scale, the shift with one rounding (CPU's compiled expression is
+// contracted to a fused multiply-add). Sixteen channels at a time, the last
+// ones masked: vsqrtps and vdivps round as the scalar sqrt and division do,
+// so the bits are CPU's (at 2048 channels a scalar loop took a third of a
+// 7x7 batch norm's time). AVX-512F: inference_layout checked it.
+__attribute__((target("avx512f"))) void fold(
+    const float* mean, const float* var, const float* weight, const float* bias,
+    float eps, int64_t channels, float* scale, float* shift) {
+  for (int64_t c = 0; c < channels; c += 16) {
+    const __mmask16 m =
+        channels - c >= 16 ? static_cast<__mmask16>(0xffff)
+                           : static_cast<__mmask16>((1u << (channels - c)) - 1);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 invstd = _mm512_div_ps(
+        one, _mm512_sqrt_ps(_mm512_add_ps(_mm512_mask_loadu_ps(one, m, var + c),
+                                          _mm512_set1_ps(eps))));
+    const __m512 s =
+        weight != nullptr
+            ? _mm512_mul_ps(invstd, _mm512_maskz_loadu_ps(m, weight + c))
+            : invstd;
+    _mm512_mask_storeu_ps(scale + c, m, s);
+    _mm512_mask_storeu_ps(
+        shift + c, m,
+        _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, mean + c), s,
+                         bias != nullptr ? _mm512_maskz_loadu_ps(m, bias + c)
+                                         : _mm512_setzero_ps()));
   }
 }
 
