@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from async_helpers import launched_count, sleep_on_stream
+from isa import PANEL_GEMM
 
 import torch_ember
 from torch_ember import _C
@@ -146,8 +147,8 @@ def test_small_work_runs_at_the_call_while_the_worker_sleeps():
 
 
 @pytest.mark.skipif(
-    not torch.backends.ember.capabilities()["avx512f"],
-    reason="the skinny GEMM kernel needs AVX-512",
+    not PANEL_GEMM,
+    reason="the skinny GEMM kernel needs AVX-512F or AVX2 + FMA",
 )
 def test_a_skinny_gemm_streaming_a_large_pack_is_queued_while_the_worker_sleeps():
     """A one-row linear over megabytes of packed weight (a decode step's

@@ -11,6 +11,7 @@ import gc
 
 import pytest
 import torch
+from isa import ONEDNN_MATMUL, PANEL_GEMM
 
 import torch_ember
 
@@ -95,8 +96,8 @@ def test_conv1d_layout_and_strided_operands(m):
 
 
 def test_routes_are_native_and_packed(capfd):
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("the skinny kernel needs AVX-512F")
+    if not PANEL_GEMM:
+        pytest.skip("the skinny kernel needs AVX-512F or AVX2 + FMA")
     lin = torch.nn.Linear(64, 48).to(DEVICE)
     x1, x64 = torch.randn(1, 64, device=DEVICE), torch.randn(64, 64, device=DEVICE)
     for _ in range(2):
@@ -489,6 +490,8 @@ def test_medium_precision_many_rows_uses_a_bf16_pack(capfd):
     """Under "medium", GEMMs with more than 16 rows run oneDNN on a bf16 pack
     of the weight: bf16 operands, fp32 accumulation, the product rounded to
     bf16 (as ATen's bf16 GEMM returns it), the bias added in fp32."""
+    if not ONEDNN_MATMUL:
+        pytest.skip("oneDNN's bf16 reorder needs AVX512BW/VL/DQ")
     torch.manual_seed(11)
     k, n, m = 200, 70, 64
     lin = torch.nn.Linear(k, n).to(DEVICE)

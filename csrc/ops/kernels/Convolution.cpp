@@ -30,6 +30,7 @@
 #include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
+#include "ops/kernels/OneDnnSupport.h"
 #include "ops/kernels/matmul/ChannelGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/tuning/Autotune.h"
@@ -64,6 +65,15 @@ at::Tensor with_bias(at::Tensor out, const std::optional<at::Tensor>& bias) {
 at::Tensor onednn_conv(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias,
                        const ConvParams& p, Fp32Precision precision) {
+  if (precision == Fp32Precision::kBf16 && !kernels::onednn_bf16_supported()) {
+    // No bf16 convolution here: the same arithmetic (bf16 operands, whose
+    // products are exact in fp32, fp32 accumulation) on fp32 kernels.
+    const auto rounded = [](const at::Tensor& t) {
+      return t.to(at::kBFloat16).to(at::kFloat);
+    };
+    return at::mkldnn_convolution(rounded(input), rounded(weight), bias,
+                                  p.padding, p.stride, p.dilation, p.groups);
+  }
   if (precision == Fp32Precision::kBf16) {
     // Bias is added in fp32, after the bf16 convolution.
     at::Tensor out = at::mkldnn_convolution(

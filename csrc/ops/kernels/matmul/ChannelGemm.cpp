@@ -51,18 +51,65 @@ __attribute__((target("avx512f"))) void block(const float* w, int64_t ldw,
   }
 }
 
+// Stores an AVX2 tile of block_avx2: bias per row, tail columns masked.
+struct RowBiasStore {
+  const float* bias;
+  float* out;
+  int64_t ldo;
+  int64_t columns;
+
+  template <int kRows, int kHalves>
+  __attribute__((target("avx2,fma"))) void operator()(
+      __m256 (&acc)[kRows][kHalves], int row0, int panel0) const {
+#pragma GCC unroll 6
+    for (int i = 0; i < kRows; ++i) {
+      const __m256 b = bias != nullptr ? _mm256_set1_ps(bias[row0 + i])
+                                       : _mm256_setzero_ps();
+#pragma GCC unroll 6
+      for (int j = 0; j < kHalves; ++j) {
+        const int64_t col = (panel0 * 2 + j) * 8;
+        const int64_t live = std::clamp<int64_t>(columns - col, 0, 8);
+        if (live == 0) break;
+        _mm256_maskstore_ps(out + (row0 + i) * ldo + col, lane_mask(live),
+                            _mm256_add_ps(acc[i][j], b));
+      }
+    }
+  }
+};
+
+// block for AVX2 + FMA CPUs (the same bits).
+template <int kRows, int kPanels>
+__attribute__((target("avx2,fma"))) void block_avx2(
+    const float* w, int64_t ldw, int64_t k, const float* panels,
+    PrefetchRun prefetch, const float* bias, float* out, int64_t ldo,
+    int64_t columns) {
+  RowBiasStore store{bias, out, ldo, columns};
+  for_avx2_subtiles<kRows, kPanels>(w, ldw, k, panels, k * kWidth, prefetch,
+                                    store);
+}
+
 using Block = void (*)(const float*, int64_t, int64_t, const float*,
                        PrefetchRun, const float*, float*, int64_t, int64_t);
 
-// block<rows, panels> for every rows <= 8, panels <= 3.
+template <int R, int P>
+struct Avx512Block {
+  static constexpr Block fn = &block<R, P>;
+};
+template <int R, int P>
+struct Avx2Block {
+  static constexpr Block fn = &block_avx2<R, P>;
+};
+
+// Make<rows, panels>::fn for every rows <= 8, panels <= 3.
+template <template <int, int> class Make>
 struct BlockTable {
   Block table[kMaxRows][kMaxPanels];
   BlockTable() { fill<1>(); }
   template <int R>
   void fill() {
-    table[R - 1][0] = &block<R, 1>;
-    table[R - 1][1] = &block<R, 2>;
-    table[R - 1][2] = &block<R, 3>;
+    table[R - 1][0] = Make<R, 1>::fn;
+    table[R - 1][1] = Make<R, 2>::fn;
+    table[R - 1][2] = Make<R, 3>::fn;
     if constexpr (R < kMaxRows) fill<R + 1>();
   }
 };
@@ -80,6 +127,26 @@ __attribute__((target("avx512f"))) void pack_columns(const float* x,
     for (int64_t kk = 0; kk < k; ++kk) {
       _mm512_store_ps(dst + kk * kWidth,
                       _mm512_maskz_loadu_ps(mask, src + kk * ldx));
+    }
+  }
+}
+
+// pack_columns for AVX2 CPUs: each 16-column row in two masked halves.
+__attribute__((target("avx2"))) void pack_columns_avx2(const float* x,
+                                                       int64_t ldx, int64_t k,
+                                                       int64_t columns,
+                                                       float* panels) {
+  for (int64_t j = 0; j * kWidth < columns; ++j) {
+    const int64_t live = columns - j * kWidth;
+    const __m256i low = lane_mask(std::min<int64_t>(live, 8));
+    const __m256i high = lane_mask(std::clamp<int64_t>(live - 8, 0, 8));
+    const float* src = x + j * kWidth;
+    float* dst = panels + j * k * kWidth;
+    for (int64_t kk = 0; kk < k; ++kk) {
+      _mm256_store_ps(dst + kk * kWidth,
+                      _mm256_maskload_ps(src + kk * ldx, low));
+      _mm256_store_ps(dst + kk * kWidth + 8,
+                      _mm256_maskload_ps(src + kk * ldx + 8, high));
     }
   }
 }
@@ -160,19 +227,32 @@ struct PanelBuffer {
   const float* source = nullptr;
 };
 
-}  // namespace
-
-bool channel_gemm_supported() {
+bool avx512_blocks() {
   static const bool supported = runtime::cpu_features().avx512f;
   return supported;
 }
 
+}  // namespace
+
+bool channel_gemm_supported() {
+  static const bool supported =
+      avx512_blocks() ||
+      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
+  return supported;
+}
+
 void channel_gemm_f32(const ChannelGemmArgs& a) {
-  static const BlockTable kernels;
+  static const BlockTable<Avx512Block> avx512_kernels;
+  static const BlockTable<Avx2Block> avx2_kernels;
+  const bool avx512 = avx512_blocks();
+  const auto& kernels = avx512 ? avx512_kernels.table : avx2_kernels.table;
+  const auto pack = avx512 ? &pack_columns : &pack_columns_avx2;
   // Pixels past the last full panel taken by dot products (none when the
-  // image is narrower than one panel or the rest needs a panel anyway).
+  // image is narrower than one panel or the rest needs a panel anyway; the
+  // dot kernel is AVX-512's only).
   const int64_t dot_columns =
-      a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth : 0;
+      avx512 && a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth
+                                                                : 0;
   const int64_t panel_columns = a.n - dot_columns;
   const int64_t groups = (panel_columns + kGroupColumns - 1) / kGroupColumns;
   const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;
@@ -203,7 +283,7 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
       const float* x = a.x + image * a.x_image_stride + n0;
       const bool last_group = group == groups - 1;
       if (buffer.source != x) {
-        pack_columns(x, a.ldx, a.k, columns, panels);
+        pack(x, a.ldx, a.k, columns, panels);
         if (last_group && dot_columns > 0) {
           pack_dot_columns(x + columns, a.ldx, a.k, dot_columns, dot_panel);
         }
@@ -225,7 +305,7 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
                                   a.w + (r + kMaxRows) * a.ldw),
                               next_rows * a.k * 4 / 64}
                 : PrefetchRun{};
-        kernels.table[rows - 1][np - 1](
+        kernels[rows - 1][np - 1](
             a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
             a.bias != nullptr ? a.bias + r : nullptr, out + r * a.ldo, a.ldo,
             columns);

@@ -17,6 +17,7 @@
 #include "ops/DeviceScope.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/OneDnnSupport.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 #include "ops/kernels/matmul/MklPackedGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
@@ -217,7 +218,8 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
         packed_weight(b, mkl_takes(a, b)          ? PackKind::kMklF32
                          : skinny_f32_supported() ? PackKind::kPanelsF32
                                                   : PackKind::kOneDnn);
-  } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16) {
+  } else if (flags::matmul_fp32_precision() == Fp32Precision::kBf16 &&
+             kernels::onednn_bf16_supported()) {
     plan.packed = packed_weight(b, PackKind::kOneDnnBf16);
   }
   if (!plan.packed) return std::nullopt;

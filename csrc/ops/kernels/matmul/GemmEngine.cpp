@@ -1,6 +1,7 @@
 #include "ops/kernels/matmul/GemmEngine.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
@@ -18,7 +19,10 @@
 
 #include "flags/BackendFlags.h"
 #include "observe/ExecutionPath.h"
+#include "ops/kernels/AlignedFloats.h"
+#include "ops/kernels/OneDnnSupport.h"
 #include "ops/kernels/SerialScope.h"
+#include "ops/kernels/matmul/SkinnyGemm.h"
 #include "ops/kernels/tuning/Autotune.h"
 
 // Exported by libtorch_cpu (TORCH_API), but its header is not installed:
@@ -38,11 +42,22 @@ using OneOmpThread = kernels::SerialScope;
 
 using flags::Fp32Precision;
 
-enum class Library { kAten, kOneDnn };
+// kPanels: ember's panel kernel on a pack made for the call, where the CPU
+// has no oneDNN matmul (AVX2-only CPUs). Its sums are the packed route's,
+// so a weight's first, unpacked call gives the bits of its packed calls.
+enum class Library { kAten, kOneDnn, kPanels };
 
 const char* library_name(Library library) {
   // ATen's CPU path for fp32/fp64 is MKL's GEMM in this build.
-  return library == Library::kAten ? "mkl" : "onednn";
+  switch (library) {
+    case Library::kAten:
+      return "mkl";
+    case Library::kOneDnn:
+      return "onednn";
+    case Library::kPanels:
+      break;
+  }
+  return "panels";
 }
 
 thread_local std::string t_last_route;
@@ -55,6 +70,7 @@ bool is_reduced(const at::Tensor& t) {
 bool onednn_supports(const at::Tensor& a) {
   return a.scalar_type() == at::kFloat || is_reduced(a);
 }
+
 
 Fp32Precision precision_for(const at::Tensor& a);
 
@@ -73,8 +89,15 @@ std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
     return {Library::kAten};
   }
   if (a.scalar_type() == at::kFloat && p != Fp32Precision::kIeee) {
-    // bf16 operands with an fp32 result: only oneDNN offers that product.
+    // bf16 operands with an fp32 result: only oneDNN offers that product
+    // (ATen's bf16 GEMM and brgemm entry points, not mkldnn_matmul).
     return {Library::kOneDnn};
+  }
+  if (!kernels::onednn_bf16_supported()) {
+    const bool panels = a.scalar_type() == at::kFloat && a.dim() == 2 &&
+                        skinny_f32_supported();
+    if (!panels) return {Library::kAten};
+    return {Library::kAten, Library::kPanels};
   }
   return {Library::kAten, Library::kOneDnn};
 }
@@ -84,6 +107,9 @@ std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
 void aten_gemm(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                const at::Tensor& self, const at::Scalar& beta,
                const at::Scalar& alpha) {
+  // Below autograd: the operands may require grad (their out= forms would
+  // refuse them), and the engine runs inside the op's own kernel.
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const bool batched = a.dim() == 3;
   if (self.defined()) {
     batched
@@ -207,12 +233,47 @@ void onednn_gemm(const at::Tensor& out, const at::Tensor& a,
   }
 }
 
+// out = beta * self + alpha * (a @ b) by the panel kernel (2-D fp32), B
+// packed for this call. A [N] bias with beta = alpha = 1 is the kernel's
+// own (added after the sum, as the packed addmm route adds it).
+void panels_gemm(const at::Tensor& out, const at::Tensor& a,
+                 const at::Tensor& b, const at::Tensor& self,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const bool has_self = self.defined() && beta.toDouble() != 0.0;
+  const bool unit = beta.toDouble() == 1.0 && alpha.toDouble() == 1.0;
+  const bool kernel_bias = has_self && unit && self.numel() == n &&
+                           self.dim() <= 2 && self.stride(-1) == 1 &&
+                           self.scalar_type() == at::kFloat;
+  const bool direct = (!has_self || kernel_bias) && alpha.toDouble() == 1.0 &&
+                      out.stride(1) == 1 && (m == 1 || out.stride(0) >= n);
+  kernels::AlignedFloats packed;
+  float* panels = packed.resize(static_cast<int64_t>(
+      PanelPackedF32::bytes(k, n) / sizeof(float)));
+  pack_panels_f32(b.const_data_ptr<float>(), k, n, b.stride(0), b.stride(1),
+                  panels);
+  const at::Tensor lhs = a.stride(1) == 1 ? a : a.contiguous();
+  const at::Tensor product = direct ? out : at::empty({m, n}, out.options());
+  skinny_gemm_f32(lhs.const_data_ptr<float>(), lhs.stride(0), m,
+                  PanelPackedF32{panels, k, n},
+                  kernel_bias ? self.const_data_ptr<float>() : nullptr,
+                  product.mutable_data_ptr<float>(), product.stride(0));
+  if (direct) return;
+  if (has_self) {
+    at::add_out(const_cast<at::Tensor&>(out), self.mul(beta), product, alpha);
+  } else {
+    at::mul_out(const_cast<at::Tensor&>(out), product, alpha);
+  }
+}
+
 void gemm_once(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
                const at::Tensor& self, const at::Scalar& beta,
                const at::Scalar& alpha, Library library,
                Fp32Precision precision, bool deterministic) {
   if (library == Library::kAten) {
     aten_gemm(out, a, b, self, beta, alpha);
+  } else if (library == Library::kPanels) {
+    panels_gemm(out, a, b, self, beta, alpha);
   } else {
     onednn_gemm(out, a, b, self, beta, alpha, precision, deterministic);
   }
@@ -266,7 +327,8 @@ void run(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
          const at::Tensor& self, const at::Scalar& beta,
          const at::Scalar& alpha, Library library, Fp32Precision precision,
          bool deterministic) {
-  if (deterministic) {
+  // The panel kernel's sums do not depend on the thread count: no tiling.
+  if (deterministic && library != Library::kPanels) {
     gemm_tiled(out, a, b, self, beta, alpha, library, precision);
   } else {
     gemm_once(out, a, b, self, beta, alpha, library, precision, false);
@@ -345,7 +407,9 @@ void gemm(const char* op, const at::Tensor& out, const at::Tensor& a,
     const bool onednn =
         blas == flags::BlasLibrary::kOneDnn ||
         (blas == flags::BlasLibrary::kDefault && !flags::cpu_parity());
-    library = onednn ? Library::kOneDnn : Library::kAten;
+    // The library ember prefers here: oneDNN, or where the CPU has no
+    // oneDNN matmul, the panel kernel.
+    library = onednn ? candidates.back() : Library::kAten;
   }
   if (flags::verbose_level() > 0) {
     t_last_route = std::string(library_name(library)) + "/" +

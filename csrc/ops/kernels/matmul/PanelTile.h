@@ -2,6 +2,9 @@
 // acc[i][j] = sum over k of a[i][k] * panel j's row k, for kRows rows of A
 // (broadcast one element at a time) and kPanels 16-column panels (one zmm
 // per row k). Sums run over k in order. Callers are AVX-512F functions.
+// The AVX2 form holds a panel's row in two ymm halves and computes every
+// element with the same fused multiply-adds in the same order: both ISAs
+// give the same bits.
 #pragma once
 
 #include <immintrin.h>
@@ -54,6 +57,75 @@ accumulate_panel_tile(const float* a, int64_t lda, int64_t k,
         acc[i][j] = _mm512_fmadd_ps(x, b[j], acc[i][j]);
       }
     }
+  }
+}
+
+// The AVX2 + FMA tile: acc[i][2j] and acc[i][2j + 1] are columns 0-7 and
+// 8-15 of panel j. Callers keep kRows * kPanels * 2 at or under 12 of the
+// 16 ymm registers (for_avx2_subtiles below splits larger blocks).
+template <int kRows, int kPanels>
+__attribute__((target("avx2,fma"), always_inline)) inline void
+accumulate_panel_tile_avx2(const float* a, int64_t lda, int64_t k,
+                           const float* panel0, int64_t panel_stride,
+                           __m256 (&acc)[kRows][2 * kPanels],
+                           PrefetchRun prefetch) {
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * kPanels; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+  for (int64_t kk = 0; kk < k; ++kk) {
+    if (kk < prefetch.lines) {
+      _mm_prefetch(prefetch.first + kk * 64, _MM_HINT_T1);
+    }
+    __m256 b[2 * kPanels];
+#pragma GCC unroll 8
+    for (int j = 0; j < 2 * kPanels; ++j) {
+      b[j] = _mm256_load_ps(panel0 + (j / 2) * panel_stride + kk * 16 +
+                            (j % 2) * 8);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i) {
+      const __m256 x = _mm256_broadcast_ss(a + i * lda + kk);
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * kPanels; ++j) {
+        acc[i][j] = _mm256_fmadd_ps(x, b[j], acc[i][j]);
+      }
+    }
+  }
+}
+
+// The sign-bit mask of maskload/maskstore for the first `live` of 8 lanes.
+__attribute__((target("avx2"), always_inline)) inline __m256i lane_mask(
+    int64_t live) {
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), lanes);
+}
+
+// A kRows x kPanels block (the AVX-512 kernels' shape) as AVX2 tiles of at
+// most 6 rows and 12 accumulators, each over the whole K: every element is
+// the same chain of fused multiply-adds as under AVX-512, so both ISAs give
+// the same bits. store(acc, row0, panel0) writes each tile (acc's extents
+// give its rows and 8-column halves); only the first tile prefetches.
+template <int kRows, int kPanels, int kRow0 = 0, int kPanel0 = 0, class Store>
+__attribute__((target("avx2,fma"), always_inline)) inline void
+for_avx2_subtiles(const float* a, int64_t lda, int64_t k, const float* panel0,
+                  int64_t panel_stride, PrefetchRun prefetch, Store& store) {
+  constexpr int kTileRows = kRows - kRow0 < 6 ? kRows - kRow0 : 6;
+  constexpr int kFit = 6 / kTileRows;
+  constexpr int kTilePanels =
+      kPanels - kPanel0 < kFit ? kPanels - kPanel0 : kFit;
+  __m256 acc[kTileRows][2 * kTilePanels];
+  accumulate_panel_tile_avx2<kTileRows, kTilePanels>(
+      a + kRow0 * lda, lda, k, panel0 + kPanel0 * panel_stride, panel_stride,
+      acc, kRow0 == 0 && kPanel0 == 0 ? prefetch : PrefetchRun{});
+  store(acc, kRow0, kPanel0);
+  if constexpr (kPanel0 + kTilePanels < kPanels) {
+    for_avx2_subtiles<kRows, kPanels, kRow0, kPanel0 + kTilePanels>(
+        a, lda, k, panel0, panel_stride, prefetch, store);
+  } else if constexpr (kRow0 + kTileRows < kRows) {
+    for_avx2_subtiles<kRows, kPanels, kRow0 + kTileRows, 0>(
+        a, lda, k, panel0, panel_stride, prefetch, store);
   }
 }
 

@@ -76,6 +76,44 @@ __attribute__((target("avx512f"))) void block_f32(
   store_block<kRows, kPanels>(acc, bias, c, ldc, run.columns);
 }
 
+// Stores an AVX2 tile of block_f32_avx2: bias per column, tail columns
+// masked.
+struct ColumnBiasStore {
+  const float* bias;
+  float* c;
+  int64_t ldc;
+  int64_t columns;
+
+  template <int kRows, int kHalves>
+  __attribute__((target("avx2,fma"))) void operator()(
+      __m256 (&acc)[kRows][kHalves], int row0, int panel0) const {
+#pragma GCC unroll 8
+    for (int j = 0; j < kHalves; ++j) {
+      const int64_t col = (panel0 * 2 + j) * 8;
+      const int64_t live = std::clamp<int64_t>(columns - col, 0, 8);
+      if (live == 0) break;
+      const __m256i mask = lane_mask(live);
+      const __m256 b = bias != nullptr ? _mm256_maskload_ps(bias + col, mask)
+                                       : _mm256_setzero_ps();
+#pragma GCC unroll 6
+      for (int i = 0; i < kRows; ++i) {
+        _mm256_maskstore_ps(c + (row0 + i) * ldc + col, mask,
+                            _mm256_add_ps(acc[i][j], b));
+      }
+    }
+  }
+};
+
+// block_f32 for AVX2 + FMA CPUs (the same bits).
+template <int kRows, int kPanels>
+__attribute__((target("avx2,fma"))) void block_f32_avx2(
+    const float* a, int64_t lda, int64_t k, PanelRun<float> run,
+    PrefetchRun prefetch, const float* bias, float* c, int64_t ldc) {
+  ColumnBiasStore store{bias, c, ldc, run.columns};
+  for_avx2_subtiles<kRows, kPanels>(a, lda, k, run.first, run.panel_stride,
+                                    prefetch, store);
+}
+
 // `a_pairs`: A rounded to bf16, rows of k/2 pairs (lo = even k).
 template <int kRows, int kPanels>
 __attribute__((target("avx512f,avx512bf16"))) void block_bf16(
@@ -130,6 +168,10 @@ using Bf16Block = void (*)(const uint32_t*, int64_t, int64_t,
 template <int R, int P>
 struct MakeF32 {
   static constexpr F32Block fn = &block_f32<R, P>;
+};
+template <int R, int P>
+struct MakeF32Avx2 {
+  static constexpr F32Block fn = &block_f32_avx2<R, P>;
 };
 template <int R, int P>
 struct MakeBf16 {
@@ -311,8 +353,19 @@ void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
                    [](uint16_t bits) { return bits; });
 }
 
-bool skinny_f32_supported() {
+namespace {
+
+bool avx512_panels() {
   static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
+
+}  // namespace
+
+bool skinny_f32_supported() {
+  static const bool supported =
+      avx512_panels() ||
+      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
   return supported;
 }
 
@@ -325,11 +378,17 @@ bool skinny_bf16_supported() {
 void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
                      const PanelPackedF32& b, const float* bias, float* c,
                      int64_t ldc) {
-  static const KernelTable<F32Block, MakeF32> kernels;
+  static const KernelTable<F32Block, MakeF32> avx512;
+  static const KernelTable<F32Block, MakeF32Avx2> avx2;
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
-  run_panel_blocks(kernels, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
-                   ldc);
+  if (avx512_panels()) {
+    run_panel_blocks(avx512, a, lda, m, b.k, b.data, b.n, panel_stride, bias,
+                     c, ldc);
+  } else {
+    run_panel_blocks(avx2, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
+                     ldc);
+  }
 }
 
 namespace {

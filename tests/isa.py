@@ -1,0 +1,16 @@
+"""Which of ember's own kernels this CPU runs (tests that check a kernel's
+route or launch skip where the CPU takes another one)."""
+
+import torch
+
+import torch_ember  # noqa: F401  (registers torch.backends.ember)
+
+_caps = torch.backends.ember.capabilities()
+
+# AVX-512F: ember's elementwise, batch-norm, pooling and attention kernels.
+AVX512 = bool(_caps["avx512f"])
+# The panel GEMMs (skinny, tall, 1x1 convolution): AVX-512F, or AVX2 + FMA.
+PANEL_GEMM = AVX512 or bool(_caps["avx2"] and _caps["fma"])
+# ATen's oneDNN matmul and bf16 entry points (mkldnn_matmul, the bf16 weight
+# reorder and convolution) refuse CPUs without AVX512BW/VL/DQ.
+ONEDNN_MATMUL = bool(_caps["avx512bw"] and _caps["avx512vl"] and _caps["avx512dq"])
