@@ -11,6 +11,8 @@ _caps = torch.backends.ember.capabilities()
 AVX512 = bool(_caps["avx512f"])
 # The panel GEMMs (skinny, tall, 1x1 convolution): AVX-512F, or AVX2 + FMA.
 PANEL_GEMM = AVX512 or bool(_caps["avx2"] and _caps["fma"])
+# bf16 arithmetic (VDPBF16PS or AMX): where "medium" precision computes in bf16.
+NATIVE_BF16 = bool(_caps["avx512_bf16"] or _caps["amx_bf16"])
 # ATen's oneDNN matmul and bf16 entry points (mkldnn_matmul, the bf16 weight
 # reorder and convolution) refuse CPUs without AVX512BW/VL/DQ.
 ONEDNN_MATMUL = bool(_caps["avx512bw"] and _caps["avx512vl"] and _caps["avx512dq"])

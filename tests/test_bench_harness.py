@@ -444,7 +444,7 @@ def test_peak_fields():
     assert p.cores >= 1 and p.clock_ghz > 0 and p.fp32_flops_per_cycle >= 8
     assert p.bf16_flops_per_cycle >= p.fp32_flops_per_cycle
     assert p.theoretical(torch.bfloat16) >= p.theoretical(torch.float32) > 0
-    assert set(p.gemm_best) == {"fp32", "bf16"}
+    assert set(p.gemm_best) == ({"fp32", "bf16"} if peak.native_bf16() else {"fp32"})
     if p.mem_read_bw:  # measured where a C compiler is present
         assert set(p.mem_read_bw) >= {1, p.cores}
         assert all(v > 1e8 for v in p.mem_read_bw.values())  # > 0.1 GB/s

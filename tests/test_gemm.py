@@ -8,10 +8,13 @@ benchmark's business (make bench), not these tests'.
 """
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
-from isa import ONEDNN_MATMUL, PANEL_GEMM
+from isa import NATIVE_BF16, ONEDNN_MATMUL, PANEL_GEMM
 
 import torch_ember
 
@@ -490,8 +493,8 @@ def test_medium_precision_many_rows_uses_a_bf16_pack(capfd):
     """Under "medium", GEMMs with more than 16 rows run oneDNN on a bf16 pack
     of the weight: bf16 operands, fp32 accumulation, the product rounded to
     bf16 (as ATen's bf16 GEMM returns it), the bias added in fp32."""
-    if not ONEDNN_MATMUL:
-        pytest.skip("oneDNN's bf16 reorder needs AVX512BW/VL/DQ")
+    if not (ONEDNN_MATMUL and NATIVE_BF16):
+        pytest.skip("oneDNN's bf16 reorder needs AVX512BW/VL/DQ, bf16 speed AVX512_BF16")
     torch.manual_seed(11)
     k, n, m = 200, 70, 64
     lin = torch.nn.Linear(k, n).to(DEVICE)
@@ -579,3 +582,45 @@ def test_bf16_row_major_weight_and_out_variant(m):
     assert _packs()["entries"] == 1 and _packs()["hits"] >= 2
     for got in (result, out):
         torch.testing.assert_close(got.cpu(), cpu, rtol=2**-8, atol=1e-2)
+
+
+_ISA_SCRIPT = """
+import sys
+import torch
+import torch_ember
+
+torch.manual_seed(0)
+lin = torch.nn.Linear(96, 80).to("ember")
+conv = torch.nn.Conv2d(24, 40, 1).to("ember")
+outs = []
+with torch.inference_mode():
+    for m in (1, 5, 64):
+        x = torch.randn(m, 96, device="ember")
+        for _ in range(2):
+            y = lin(x)
+        outs.append(y.cpu())
+    outs.append(conv(torch.randn(2, 24, 8, 8, device="ember")).cpu())
+be = torch.backends.ember
+torch.save({"caps": be.capabilities(), "library": be.packed_weights_info()["library"],
+            "outs": outs}, sys.argv[1])
+"""
+
+
+def test_avx2_kernels_give_the_bits_of_the_avx512_kernels(tmp_path):
+    """EMBER_MAX_ISA=avx2 runs the AVX2 panel GEMMs on an AVX-512 CPU (where
+    CI has one): skinny, tall and 1x1-convolution results equal the
+    AVX-512 kernels' bit for bit (the same fused multiply-adds in the same
+    order)."""
+    if not PANEL_GEMM:
+        pytest.skip("the panel kernels need AVX-512F or AVX2 + FMA")
+    results = {}
+    for isa in ("", "avx2"):
+        path = tmp_path / f"out-{isa or 'native'}.pt"
+        env = dict(os.environ, EMBER_MAX_ISA=isa)
+        subprocess.run(
+            [sys.executable, "-c", _ISA_SCRIPT, str(path)], env=env, check=True, timeout=300
+        )
+        results[isa] = torch.load(path)
+    assert not results["avx2"]["caps"]["avx512f"] and results["avx2"]["library"] == "panels"
+    for native, avx2 in zip(results[""]["outs"], results["avx2"]["outs"], strict=True):
+        assert torch.equal(native, avx2)

@@ -72,13 +72,23 @@ std::string precision_setting(int8_t stored) {
              : to_string(static_cast<Fp32Precision>(stored));
 }
 
+bool native_bf16() {
+  static const bool supported = runtime::cpu_features().avx512_bf16 ||
+                                runtime::cpu_features().amx_bf16;
+  return supported;
+}
+
 Fp32Precision resolve(int8_t stored) {
   if (stored != kFollowGlobal) return static_cast<Fp32Precision>(stored);
   switch (at::globalContext().float32MatmulPrecision()) {
     case at::Float32MatmulPrecision::HIGHEST:
       return Fp32Precision::kIeee;
     case at::Float32MatmulPrecision::MEDIUM:
-      return Fp32Precision::kBf16;
+      // As on CPU, "medium" is a permission, taken where it pays: without
+      // bf16 arithmetic (AVX2-only CPUs) bf16 GEMMs run scalar code, ~100x
+      // slower than fp32, so it stays fp32 there (an explicit "bf16" is
+      // still obeyed).
+      return native_bf16() ? Fp32Precision::kBf16 : Fp32Precision::kIeee;
     case at::Float32MatmulPrecision::HIGH:
       return g_bf16x3_faster.load(std::memory_order_relaxed)
                  ? Fp32Precision::kBf16x3

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <vector>
@@ -179,8 +181,28 @@ std::string CpuFeatures::best_isa() const {
   return "default";
 }
 
+bool cap_to_isa(CpuFeatures& f, const std::string& max_isa) {
+  if (max_isa != "avx2" && max_isa != "avx512") return false;
+  if (max_isa == "avx2") {
+    f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = false;
+    f.avx512_bf16 = f.avx512_vnni = f.avx512_fp16 = false;
+  }
+  f.amx_tile = f.amx_bf16 = f.amx_int8 = false;
+  return true;
+}
+
 const CpuFeatures& cpu_features() {
-  static const CpuFeatures features = detect();
+  static const CpuFeatures features = [] {
+    CpuFeatures f = detect();
+    const char* max_isa = std::getenv("EMBER_MAX_ISA");
+    if (max_isa != nullptr && *max_isa != '\0' && !cap_to_isa(f, max_isa)) {
+      std::fprintf(stderr,
+                   "ember: EMBER_MAX_ISA=%s ignored (expected avx2 or "
+                   "avx512)\n",
+                   max_isa);
+    }
+    return f;
+  }();
   return features;
 }
 

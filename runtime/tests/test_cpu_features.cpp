@@ -155,4 +155,26 @@ TEST(HostTopology, CoresFollowTheAffinityMask) {
 }
 
 }  // namespace
+TEST(CpuFeatures, CappingToAvx2DropsAvx512AndAmxOnly) {
+  CpuFeatures f;
+  f.avx2 = f.fma = f.avx512f = f.avx512bw = f.avx512_bf16 = true;
+  f.amx_tile = f.amx_bf16 = true;
+  CpuFeatures avx512 = f;
+  EXPECT_TRUE(cap_to_isa(avx512, "avx512"));
+  EXPECT_TRUE(avx512.avx512f && avx512.avx512_bf16);
+  EXPECT_FALSE(avx512.amx_tile || avx512.amx_bf16);
+  EXPECT_TRUE(cap_to_isa(f, "avx2"));
+  EXPECT_TRUE(f.avx2 && f.fma);
+  EXPECT_FALSE(f.avx512f || f.avx512bw || f.avx512_bf16 || f.amx_tile);
+  EXPECT_EQ(f.best_isa(), "avx2");
+}
+
+TEST(CpuFeatures, AnUnknownCapLeavesTheFeatures) {
+  CpuFeatures f;
+  f.avx512f = true;
+  EXPECT_FALSE(cap_to_isa(f, "sse"));
+  EXPECT_FALSE(cap_to_isa(f, "AVX2"));
+  EXPECT_TRUE(f.avx512f);
+}
+
 }  // namespace ember::runtime

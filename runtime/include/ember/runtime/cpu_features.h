@@ -33,7 +33,14 @@ struct CpuFeatures {
   std::string best_isa() const;
 };
 
-// Detected once, on first use.
+// `f` without the features above `max_isa`: "avx2" drops AVX-512 and AMX,
+// "avx512" drops AMX. False (f unchanged) for any other value.
+bool cap_to_isa(CpuFeatures& f, const std::string& max_isa);
+
+// Detected once, on first use; capped by EMBER_MAX_ISA where it is set (as
+// oneDNN's ONEDNN_MAX_CPU_ISA: runs ember's kernels of a lower level on a
+// CPU that has a higher one, e.g. to test the AVX2 kernels on AVX-512 CPUs;
+// an unknown value is reported on stderr and ignored).
 const CpuFeatures& cpu_features();
 
 // The cores (CPU ids) this process may run on: its affinity mask, read now.
