@@ -73,8 +73,8 @@ std::string precision_setting(int8_t stored) {
 }
 
 bool native_bf16() {
-  static const bool supported = runtime::cpu_features().avx512_bf16 ||
-                                runtime::cpu_features().amx_bf16;
+  static const bool supported =
+      runtime::cpu_features().avx512_bf16 || runtime::cpu_features().amx_bf16;
   return supported;
 }
 

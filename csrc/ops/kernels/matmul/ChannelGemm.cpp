@@ -252,7 +252,7 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
   // dot kernel is AVX-512's only).
   const int64_t dot_columns =
       avx512 && a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth
-                                                                : 0;
+                                                               : 0;
   const int64_t panel_columns = a.n - dot_columns;
   const int64_t groups = (panel_columns + kGroupColumns - 1) / kGroupColumns;
   const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;
@@ -305,10 +305,9 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
                                   a.w + (r + kMaxRows) * a.ldw),
                               next_rows * a.k * 4 / 64}
                 : PrefetchRun{};
-        kernels[rows - 1][np - 1](
-            a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
-            a.bias != nullptr ? a.bias + r : nullptr, out + r * a.ldo, a.ldo,
-            columns);
+        kernels[rows - 1][np - 1](a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
+                                  a.bias != nullptr ? a.bias + r : nullptr,
+                                  out + r * a.ldo, a.ldo, columns);
       }
       if (last_group && dot_columns > 0) {
         dot_rows(a.w, a.ldw, a.k, dot_panel, dot_columns, a.bias, out + columns,

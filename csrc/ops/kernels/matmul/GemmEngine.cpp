@@ -71,7 +71,6 @@ bool onednn_supports(const at::Tensor& a) {
   return a.scalar_type() == at::kFloat || is_reduced(a);
 }
 
-
 Fp32Precision precision_for(const at::Tensor& a);
 
 // The libraries that can run this call under the current precision.
@@ -94,8 +93,8 @@ std::vector<Library> candidates_for(const at::Tensor& a, Fp32Precision p) {
     return {Library::kOneDnn};
   }
   if (!kernels::onednn_bf16_supported()) {
-    const bool panels = a.scalar_type() == at::kFloat && a.dim() == 2 &&
-                        skinny_f32_supported();
+    const bool panels =
+        a.scalar_type() == at::kFloat && a.dim() == 2 && skinny_f32_supported();
     if (!panels) return {Library::kAten};
     return {Library::kAten, Library::kPanels};
   }
@@ -243,13 +242,14 @@ void panels_gemm(const at::Tensor& out, const at::Tensor& a,
   const bool has_self = self.defined() && beta.toDouble() != 0.0;
   const bool unit = beta.toDouble() == 1.0 && alpha.toDouble() == 1.0;
   const bool kernel_bias = has_self && unit && self.numel() == n &&
-                           self.dim() <= 2 && self.stride(-1) == 1 &&
+                           self.dim() >= 1 && self.dim() <= 2 &&
+                           self.stride(-1) == 1 &&
                            self.scalar_type() == at::kFloat;
   const bool direct = (!has_self || kernel_bias) && alpha.toDouble() == 1.0 &&
                       out.stride(1) == 1 && (m == 1 || out.stride(0) >= n);
   kernels::AlignedFloats packed;
-  float* panels = packed.resize(static_cast<int64_t>(
-      PanelPackedF32::bytes(k, n) / sizeof(float)));
+  float* panels = packed.resize(
+      static_cast<int64_t>(PanelPackedF32::bytes(k, n) / sizeof(float)));
   pack_panels_f32(b.const_data_ptr<float>(), k, n, b.stride(0), b.stride(1),
                   panels);
   const at::Tensor lhs = a.stride(1) == 1 ? a : a.contiguous();

@@ -383,8 +383,8 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
   if (avx512_panels()) {
-    run_panel_blocks(avx512, a, lda, m, b.k, b.data, b.n, panel_stride, bias,
-                     c, ldc);
+    run_panel_blocks(avx512, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
+                     ldc);
   } else {
     run_panel_blocks(avx2, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
                      ldc);
