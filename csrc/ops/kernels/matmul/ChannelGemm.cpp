@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "ember/runtime/cpu_features.h"
 #include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/matmul/PanelTile.h"
 
@@ -227,24 +226,14 @@ struct PanelBuffer {
   const float* source = nullptr;
 };
 
-bool avx512_blocks() {
-  static const bool supported = runtime::cpu_features().avx512f;
-  return supported;
-}
-
 }  // namespace
 
-bool channel_gemm_supported() {
-  static const bool supported =
-      avx512_blocks() ||
-      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
-  return supported;
-}
+bool channel_gemm_supported() { return panel_tiles_supported(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
   static const BlockTable<Avx512Block> avx512_kernels;
   static const BlockTable<Avx2Block> avx2_kernels;
-  const bool avx512 = avx512_blocks();
+  const bool avx512 = avx512_panel_tiles();
   const auto& kernels = avx512 ? avx512_kernels.table : avx2_kernels.table;
   const auto pack = avx512 ? &pack_columns : &pack_columns_avx2;
   // Pixels past the last full panel taken by dot products (none when the

@@ -11,7 +11,23 @@
 
 #include <cstdint>
 
+#include "ember/runtime/cpu_features.h"
+
 namespace ember::matmul {
+
+// Which tile the panel GEMMs run, decided once from CPUID (as capped by
+// EMBER_MAX_ISA): AVX-512F's, or AVX2 + FMA's (the same bits); neither
+// leaves the panel GEMMs out.
+inline bool avx512_panel_tiles() {
+  static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
+inline bool panel_tiles_supported() {
+  static const bool supported =
+      avx512_panel_tiles() ||
+      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
+  return supported;
+}
 
 // The lanes of a 16-column panel that hold real columns (`columns` of them,
 // all 16 from 16 on): the mask of a tail panel's loads and stores.

@@ -353,21 +353,7 @@ void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
                    [](uint16_t bits) { return bits; });
 }
 
-namespace {
-
-bool avx512_panels() {
-  static const bool supported = runtime::cpu_features().avx512f;
-  return supported;
-}
-
-}  // namespace
-
-bool skinny_f32_supported() {
-  static const bool supported =
-      avx512_panels() ||
-      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
-  return supported;
-}
+bool skinny_f32_supported() { return panel_tiles_supported(); }
 
 bool skinny_bf16_supported() {
   static const bool supported =
@@ -382,7 +368,7 @@ void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
   static const KernelTable<F32Block, MakeF32Avx2> avx2;
   const int64_t panel_stride =
       b.panel_stride != 0 ? b.panel_stride : b.k * kPanelWidth;
-  if (avx512_panels()) {
+  if (avx512_panel_tiles()) {
     run_panel_blocks(avx512, a, lda, m, b.k, b.data, b.n, panel_stride, bias, c,
                      ldc);
   } else {
