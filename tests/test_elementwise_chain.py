@@ -31,6 +31,12 @@ def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(SQRT_2_OVER_PI * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def chain_counts():
+    """chain_stats() of the elementwise chains (not of convolution epilogues)."""
+    stats = torch_ember.chain_stats()
+    return {k: stats[k] for k in ("chains", "steps", "written", "skipped")}
+
+
 def unchained(fn, *args):
     with be.flags(fuse_elementwise=False):
         out = fn(*args)
@@ -50,7 +56,7 @@ def test_gelu_chain_is_one_pass_writing_only_its_result_with_unchained_bits():
     x = torch.randn(N).to("ember")
     with torch.inference_mode():
         out = gelu_new(x).cpu()
-        assert torch_ember.chain_stats() == {"chains": 1, "steps": 8, "written": 1, "skipped": 0}
+        assert chain_counts() == {"chains": 1, "steps": 8, "written": 1, "skipped": 0}
         assert torch.equal(out, unchained(gelu_new, x))
         torch.testing.assert_close(out, gelu_new(x.cpu()))
 
@@ -97,7 +103,7 @@ def test_a_result_nobody_reads_is_not_computed():
     kept = x * 3.0
     torch.tanh(x + 1.0)  # dropped at once: neither step is needed
     assert torch.equal(kept.cpu(), x.cpu() * 3.0)
-    assert torch_ember.chain_stats() == {"chains": 1, "steps": 1, "written": 1, "skipped": 2}
+    assert chain_counts() == {"chains": 1, "steps": 1, "written": 1, "skipped": 2}
 
 
 def test_a_slice_of_a_held_result_is_read_after_it_is_computed():

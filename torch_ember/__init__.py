@@ -94,10 +94,14 @@ def chain_stats() -> dict[str, int]:
     ``torch.backends.ember.fuse_elementwise`` (on by default) holds ember's
     fp32 elementwise ops over the same elements on their stream and runs
     them as one pass when the stream is next used. Returns ``{"chains": c,
-    "steps": s, "written": w, "skipped": k}``: chains run, steps computed,
-    step results written to memory (someone still held them), and steps
-    skipped (no one held the result and no later step read it). See
-    docs/engine.md, "Held work and elementwise chains".
+    "steps": s, "written": w, "skipped": k, ...}``: chains run, steps
+    computed, step results written to memory (someone still held them), and
+    steps skipped (no one held the result and no later step read it). The
+    same switch holds a 1x1 convolution for the batch norm, residual add and
+    ReLU that follow it (applied to each output block while in cache):
+    ``"convolutions"`` run with such steps, ``"epilogue_steps"`` applied and
+    ``"epilogue_written"`` results written to memory (the product's
+    included). See docs/engine.md, "Held work and elementwise chains".
     """
     return _C.chain_stats()
 

@@ -22,6 +22,7 @@
 #include "graphs/GraphCapture.h"
 #include "ops/DeviceScope.h"
 #include "ops/LaunchStats.h"
+#include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/elementwise/ElementwiseChain.h"
 
 namespace py = pybind11;
@@ -166,9 +167,16 @@ void bind_engine(py::module& m) {
     stats["steps"] = s.steps;
     stats["written"] = s.written;
     stats["skipped"] = s.skipped;
+    const kernels::EpilogueStats e = kernels::epilogue_stats();
+    stats["convolutions"] = e.convolutions;
+    stats["epilogue_steps"] = e.steps;
+    stats["epilogue_written"] = e.written;
     return stats;
   });
-  m.def("reset_chain_stats", &kernels::reset_chain_stats);
+  m.def("reset_chain_stats", [] {
+    kernels::reset_chain_stats();
+    kernels::reset_epilogue_stats();
+  });
 }
 
 }  // namespace ember

@@ -20,6 +20,7 @@
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/elementwise/ChannelAffine.h"
 #include "ops/kernels/elementwise/VectorMath.h"
 
@@ -67,37 +68,6 @@ std::optional<Layout> inference_layout(T input, OptT weight, OptT bias,
   return std::nullopt;
 }
 
-// CPU's folding (batch_norm_cpu_collect_linear_and_constant_terms), in
-// float as there: scale = weight / sqrt(var + eps), shift = bias - mean *
-// scale, the shift with one rounding (CPU's compiled expression is
-// contracted to a fused multiply-add). Sixteen channels at a time, the last
-// ones masked: vsqrtps and vdivps round as the scalar sqrt and division do,
-// so the bits are CPU's (at 2048 channels a scalar loop took a third of a
-// 7x7 batch norm's time). AVX-512F: inference_layout checked it.
-__attribute__((target("avx512f"))) void fold(
-    const float* mean, const float* var, const float* weight, const float* bias,
-    float eps, int64_t channels, float* scale, float* shift) {
-  for (int64_t c = 0; c < channels; c += 16) {
-    const __mmask16 m =
-        channels - c >= 16 ? static_cast<__mmask16>(0xffff)
-                           : static_cast<__mmask16>((1u << (channels - c)) - 1);
-    const __m512 one = _mm512_set1_ps(1.0f);
-    const __m512 invstd = _mm512_div_ps(
-        one, _mm512_sqrt_ps(_mm512_add_ps(_mm512_mask_loadu_ps(one, m, var + c),
-                                          _mm512_set1_ps(eps))));
-    const __m512 s =
-        weight != nullptr
-            ? _mm512_mul_ps(invstd, _mm512_maskz_loadu_ps(m, weight + c))
-            : invstd;
-    _mm512_mask_storeu_ps(scale + c, m, s);
-    _mm512_mask_storeu_ps(
-        shift + c, m,
-        _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, mean + c), s,
-                         bias != nullptr ? _mm512_maskz_loadu_ps(m, bias + c)
-                                         : _mm512_setzero_ps()));
-  }
-}
-
 const float* data_or_null(const std::optional<at::Tensor>& t) {
   return t.has_value() && t->defined() ? t->const_data_ptr<float>() : nullptr;
 }
@@ -113,6 +83,14 @@ Result native_batch_norm(T input, OptT weight, OptT bias, OptT running_mean,
                                        running_var, training, momentum, eps);
   }
   const bool rows = *layout == Layout::kRows;
+  if (!rows) {
+    // The step after a held convolution (ConvEpilogue.h)?
+    if (std::optional<at::Tensor> out = epilogue_batch_norm(
+            input, weight, bias, *running_mean, *running_var, eps)) {
+      return std::make_tuple(*out, at::empty({0}, out->options()),
+                             at::empty({0}, out->options()));
+    }
+  }
   const auto normalize_into = [rows, epsilon = static_cast<float>(eps)](
                                   const at::Tensor& out, const at::Tensor& x,
                                   const std::optional<at::Tensor>& w,
@@ -122,9 +100,10 @@ Result native_batch_norm(T input, OptT weight, OptT bias, OptT running_mean,
     const int64_t channels = x.size(1);
     std::vector<float> scale(static_cast<size_t>(channels)),
         shift(static_cast<size_t>(channels));
-    fold(mean->const_data_ptr<float>(), var->const_data_ptr<float>(),
-         data_or_null(w), data_or_null(b), epsilon, channels, scale.data(),
-         shift.data());
+    fold_batch_norm_f32(mean->const_data_ptr<float>(),
+                        var->const_data_ptr<float>(), data_or_null(w),
+                        data_or_null(b), epsilon, channels, scale.data(),
+                        shift.data());
     float* y = const_cast<at::Tensor&>(out).mutable_data_ptr<float>();
     if (rows) {
       channel_affine_rows_f32(x.const_data_ptr<float>(), y,

@@ -28,6 +28,7 @@
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/AlignedFloats.h"
+#include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/OneDnnSupport.h"
@@ -395,10 +396,11 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
 // that gathers needs under 1 MiB); a larger one lives for its call only.
 constexpr int64_t kKeptGatherFloats = int64_t{1} << 20;
 
-void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
+void channel_gemm_into(float* out_data, const at::Tensor& x,
                        const at::Tensor& w, const std::optional<at::Tensor>& b,
-                       const ConvWindow& window) {
-  const int64_t pixels = out.size(2) * out.size(3);
+                       const ConvWindow& window,
+                       const matmul::ChannelEpilogue* epilogue = nullptr) {
+  const int64_t pixels = window.out_h() * window.out_w();
   const int64_t rows = w.size(1) * w.size(2) * w.size(3);  // Cin*kh*kw
   matmul::ChannelGemmArgs args;
   args.w = w.const_data_ptr<float>();
@@ -411,7 +413,7 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
   args.m = w.size(0);
   args.k = rows;
   args.n = pixels;
-  float* out_data = const_cast<at::Tensor&>(out).mutable_data_ptr<float>();
+  args.epilogue = epilogue;
   const float* x_data = x.const_data_ptr<float>();
   if (rows == window.channels && window.stride_h == 1 && window.stride_w == 1 &&
       window.pad_h == 0 && window.pad_w == 0) {
@@ -425,10 +427,22 @@ void channel_gemm_into(const at::Tensor& out, const at::Tensor& x,
   thread_local AlignedFloats scratch;
   float* columns = scratch.resize(rows * pixels);
   const int64_t image_size = window.channels * window.height * window.width;
+  matmul::ChannelEpilogue shifted;
   for (int64_t image = 0; image < x.size(0); ++image) {
     im2col(x_data + image * image_size, columns, window);
     args.x = columns;
-    args.out = out_data + image * args.out_image_stride;
+    const int64_t offset = image * args.out_image_stride;
+    args.out = out_data + offset;
+    if (epilogue != nullptr) {
+      // The epilogue addresses image 0: this image's places instead.
+      shifted = *epilogue;
+      for (int s = 0; s < shifted.count; ++s) {
+        matmul::ChannelEpilogueStep& step = shifted.steps[s];
+        if (step.out != nullptr) step.out += offset;
+        if (step.addend != nullptr) step.addend += offset;
+      }
+      args.epilogue = &shifted;
+    }
     matmul::channel_gemm_f32(args);
   }
   scratch.release_above(kKeptGatherFloats);
@@ -441,10 +455,23 @@ at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
   const ConvWindow window = window_of(input, weight, p);
   const std::vector<int64_t> sizes{input.size(0), weight.size(0),
                                    window.out_h(), window.out_w()};
+  observe::mark_path(observe::ExecutionPath::kNative, "channel-gemm");
+  if (holds_convolutions()) {
+    // Held for the batch norm, add and ReLU that may follow (ConvEpilogue.h).
+    at::Tensor held = at::empty(sizes, input.options());
+    hold_convolution(launched_name, held,
+                     [input, weight, bias, window](
+                         float* out, const matmul::ChannelEpilogue* epilogue) {
+                       channel_gemm_into(out, input, weight, bias, window,
+                                         epilogue);
+                     });
+    return held;
+  }
   const auto into = [window](const at::Tensor& out, const at::Tensor& x,
                              const at::Tensor& w,
                              const std::optional<at::Tensor>& b) {
-    channel_gemm_into(out, x, w, b, window);
+    channel_gemm_into(const_cast<at::Tensor&>(out).mutable_data_ptr<float>(), x,
+                      w, b, window);
   };
   std::optional<at::Tensor> out = unboxed::launch_into(
       launched_name, [&] { return at::empty(sizes, input.options()); }, into,
@@ -461,7 +488,6 @@ at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
         }),
         input, weight, bias);
   }
-  observe::mark_path(observe::ExecutionPath::kNative, "channel-gemm");
   return *std::move(out);
 }
 

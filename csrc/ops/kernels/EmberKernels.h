@@ -105,6 +105,9 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(
 // elementwise/Arithmetic.cpp: ember's loop over flat fp32 operands.
 at::Tensor add(const at::Tensor& self, const at::Tensor& other,
                const at::Scalar& alpha);
+// In place; joins a held convolution (ConvEpilogue.h) where it can.
+at::Tensor& add_(at::Tensor& self, const at::Tensor& other,
+                 const at::Scalar& alpha);
 at::Tensor sub(const at::Tensor& self, const at::Tensor& other,
                const at::Scalar& alpha);
 at::Tensor mul(const at::Tensor& self, const at::Tensor& other);

@@ -118,8 +118,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                             lay::Where, T, T, T>)));
   // ember's row kernel where it applies (elementwise/Argmax.cpp).
   m.impl("argmax", TORCH_FN(kernels::argmax));
-  m.impl("add_.Tensor",
-         TORCH_FN((launched_inplace<ops::add__Tensor, lay::AddInplace, T, S>)));
+  m.impl("add_.Tensor", TORCH_FN(kernels::add_));
   m.impl("mul_.Tensor",
          TORCH_FN((launched_inplace<ops::mul__Tensor, lay::MulInplace, T>)));
   m.impl("index_copy_", TORCH_FN(index_copy_inplace));

@@ -32,6 +32,7 @@
 
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
+#include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/ParallelChunks.h"
@@ -129,6 +130,15 @@ std::optional<at::Tensor> own_arith(T a, const at::Tensor* b,
     }
   }
   observe::mark_path(observe::ExecutionPath::kNative, route);
+  // The step after a held convolution (ConvEpilogue.h)?
+  if constexpr (Op == Arith::kRelu) {
+    if (std::optional<at::Tensor> out = epilogue_relu(a)) return out;
+  }
+  if constexpr (Op == Arith::kAdd) {
+    if (w.b != nullptr) {
+      if (std::optional<at::Tensor> out = epilogue_add(a, *b)) return out;
+    }
+  }
   if (chains(a)) {
     return chain_step(static_cast<ChainOp>(Op), a, w.b != nullptr ? b : nullptr,
                       w.scalar);
@@ -165,6 +175,15 @@ at::Tensor add(T self, T other, S alpha) {
   }
   return unboxed::launched<Op, unboxed::OutForm<ops::add_out>, layouts::Add, T,
                            T, S>(self, other, alpha);
+}
+
+at::Tensor& add_(at::Tensor& self, T other, S alpha) {
+  using Op = ops::add__Tensor;
+  if (alpha_is_one(alpha) && launch_async() && epilogue_add_(self, other)) {
+    return self;
+  }
+  return unboxed::launched_inplace<Op, layouts::AddInplace, T, S>(self, other,
+                                                                  alpha);
 }
 
 at::Tensor sub(T self, T other, S alpha) {

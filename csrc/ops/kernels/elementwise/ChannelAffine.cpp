@@ -1,3 +1,7 @@
+// GCC 12 reports its own intrinsics' deliberately undefined register
+// operands (_mm512_undefined_*, inside the masked sqrt) as uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 #include "ops/kernels/elementwise/ChannelAffine.h"
 
 #include <ATen/Parallel.h>
@@ -54,6 +58,37 @@ __attribute__((target("avx512f"))) void affine_row(const float* in, float* out,
 }
 
 }  // namespace
+
+// CPU's folding (batch_norm_cpu_collect_linear_and_constant_terms), in
+// float as there: scale = weight / sqrt(var + eps), shift = bias - mean *
+// scale, the shift with one rounding (CPU's compiled expression is
+// contracted to a fused multiply-add). Sixteen channels at a time, the last
+// ones masked: vsqrtps and vdivps round as the scalar sqrt and division do,
+// so the bits are CPU's (at 2048 channels a scalar loop took a third of a
+// 7x7 batch norm's time). AVX-512F.
+__attribute__((target("avx512f"))) void fold_batch_norm_f32(
+    const float* mean, const float* var, const float* weight, const float* bias,
+    float eps, int64_t channels, float* scale, float* shift) {
+  for (int64_t c = 0; c < channels; c += 16) {
+    const __mmask16 m =
+        channels - c >= 16 ? static_cast<__mmask16>(0xffff)
+                           : static_cast<__mmask16>((1u << (channels - c)) - 1);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 invstd = _mm512_div_ps(
+        one, _mm512_sqrt_ps(_mm512_add_ps(_mm512_mask_loadu_ps(one, m, var + c),
+                                          _mm512_set1_ps(eps))));
+    const __m512 s =
+        weight != nullptr
+            ? _mm512_mul_ps(invstd, _mm512_maskz_loadu_ps(m, weight + c))
+            : invstd;
+    _mm512_mask_storeu_ps(scale + c, m, s);
+    _mm512_mask_storeu_ps(
+        shift + c, m,
+        _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(m, mean + c), s,
+                         bias != nullptr ? _mm512_maskz_loadu_ps(m, bias + c)
+                                         : _mm512_setzero_ps()));
+  }
+}
 
 void channel_affine_planes_f32(const float* in, float* out, int64_t outer,
                                int64_t channels, int64_t inner,

@@ -8,6 +8,13 @@
 
 namespace ember::kernels {
 
+// Batch norm's inference terms per channel, as CPU folds them:
+// scale = weight / sqrt(var + eps), shift = bias - mean * scale (weight,
+// bias: null for none). Bitwise CPU's (see the definition).
+void fold_batch_norm_f32(const float* mean, const float* var,
+                         const float* weight, const float* bias, float eps,
+                         int64_t channels, float* scale, float* shift);
+
 // Planes: [outer][channels][inner] (NCHW and other contiguous layouts).
 // `in` and `out` may be the same array.
 void channel_affine_planes_f32(const float* in, float* out, int64_t outer,

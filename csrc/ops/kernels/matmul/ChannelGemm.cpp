@@ -1,6 +1,7 @@
 #include "ops/kernels/matmul/ChannelGemm.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -226,9 +227,91 @@ struct PanelBuffer {
   const float* source = nullptr;
 };
 
+// A block's product where the epilogue does not store it: kMaxRows rows of
+// a pixel group and its dot-product tail, in cache.
+constexpr int64_t kScratchColumns = kGroupColumns + kMaxDotColumns;
+
+// The epilogue's steps over `rows` x `columns` (<= kScratchColumns) of a
+// block: its product at `product` (row stride ld), its place in out's
+// layout at element `at` (first row `row0`). A row's columns stay in
+// registers through every step; the step's kind is decided once per row.
+__attribute__((target("avx512f"))) void apply_epilogue(
+    const ChannelEpilogue& e, const float* product, int64_t ld, int64_t at,
+    int64_t ldo, int64_t row0, int64_t rows, int64_t columns) {
+  using Kind = ChannelEpilogueStep::Kind;
+  constexpr int kVectors = (kScratchColumns + kWidth - 1) / kWidth;
+  const int vectors = static_cast<int>((columns + kWidth - 1) / kWidth);
+  // Whole vectors take plain loads and stores (masked ones cost more).
+  const int full = static_cast<int>(columns / kWidth);
+  __mmask16 mask[kVectors];
+  for (int j = 0; j < kVectors; ++j)
+    mask[j] = column_mask(columns - j * kWidth);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p = product + i * ld;
+    const int64_t row_at = at + i * ldo;
+    __m512 v[kVectors];
+#pragma GCC unroll 4
+    for (int j = 0; j < kVectors; ++j) {
+      if (j < vectors) {
+        v[j] = j < full ? _mm512_loadu_ps(p + j * kWidth)
+                        : _mm512_maskz_loadu_ps(mask[j], p + j * kWidth);
+      }
+    }
+    for (int s = 0; s < e.count; ++s) {
+      const ChannelEpilogueStep& step = e.steps[s];
+      switch (step.kind) {
+        case Kind::kAffine: {  // batch norm's kernel: multiply, then add
+          const __m512 scale = _mm512_set1_ps(step.scale[row0 + i]);
+          const __m512 shift = _mm512_set1_ps(step.shift[row0 + i]);
+#pragma GCC unroll 4
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) {
+              v[j] = _mm512_add_ps(_mm512_mul_ps(v[j], scale), shift);
+            }
+          }
+          break;
+        }
+        case Kind::kAdd: {
+          const float* addend = step.addend + row_at;
+#pragma GCC unroll 4
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) {
+              v[j] = _mm512_add_ps(
+                  v[j], j < full ? _mm512_loadu_ps(addend + j * kWidth)
+                                 : _mm512_maskz_loadu_ps(mask[j],
+                                                         addend + j * kWidth));
+            }
+          }
+          break;
+        }
+        case Kind::kRelu: {  // CPU's clamp_min(x, 0): max(0, x)
+#pragma GCC unroll 4
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) v[j] = _mm512_max_ps(_mm512_setzero_ps(), v[j]);
+          }
+          break;
+        }
+      }
+      if (step.out != nullptr) {
+        float* out = step.out + row_at;
+#pragma GCC unroll 4
+        for (int j = 0; j < kVectors; ++j) {
+          if (j < full) {
+            _mm512_storeu_ps(out + j * kWidth, v[j]);
+          } else if (j < vectors) {
+            _mm512_mask_storeu_ps(out + j * kWidth, mask[j], v[j]);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool channel_gemm_supported() { return panel_tiles_supported(); }
+
+bool channel_epilogues_supported() { return avx512_panel_tiles(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
   static const BlockTable<Avx512Block> avx512_kernels;
@@ -236,6 +319,9 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
   const bool avx512 = avx512_panel_tiles();
   const auto& kernels = avx512 ? avx512_kernels.table : avx2_kernels.table;
   const auto pack = avx512 ? &pack_columns : &pack_columns_avx2;
+  const ChannelEpilogue* epilogue =
+      a.epilogue != nullptr && a.epilogue->count > 0 ? a.epilogue : nullptr;
+  TORCH_INTERNAL_ASSERT(epilogue == nullptr || avx512);
   // Pixels past the last full panel taken by dot products (none when the
   // image is narrower than one panel or the rest needs a panel anyway; the
   // dot kernel is AVX-512's only).
@@ -260,9 +346,10 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
     thread_local PanelBuffer buffer;
     // The buffer may hold another call's panels at the same address.
     buffer.source = nullptr;
-    float* panels =
-        buffer.storage.resize(a.k * (kGroupColumns + kMaxDotColumns));
+    float* panels = buffer.storage.resize(
+        a.k * (kGroupColumns + kMaxDotColumns) + kMaxRows * kScratchColumns);
     float* dot_panel = panels + a.k * kGroupColumns;
+    float* scratch = dot_panel + a.k * kMaxDotColumns;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / (groups * chunks);
       const int64_t group = t / chunks % groups;
@@ -271,15 +358,16 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
       const int64_t columns = std::min(kGroupColumns, panel_columns - n0);
       const float* x = a.x + image * a.x_image_stride + n0;
       const bool last_group = group == groups - 1;
+      const int64_t dots = last_group ? dot_columns : 0;
       if (buffer.source != x) {
         pack(x, a.ldx, a.k, columns, panels);
-        if (last_group && dot_columns > 0) {
-          pack_dot_columns(x + columns, a.ldx, a.k, dot_columns, dot_panel);
-        }
+        if (dots > 0)
+          pack_dot_columns(x + columns, a.ldx, a.k, dots, dot_panel);
         buffer.source = x;
       }
       const int64_t np = (columns + kWidth - 1) / kWidth;
-      float* out = a.out + image * a.out_image_stride + n0;
+      const int64_t out_at = image * a.out_image_stride + n0;
+      float* out = a.out + out_at;
       const int64_t row_end = std::min(a.m, (chunk + 1) * chunk_rows);
       for (int64_t r = chunk * chunk_rows; r < row_end; r += kMaxRows) {
         const int64_t rows = std::min<int64_t>(kMaxRows, row_end - r);
@@ -294,13 +382,26 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
                                   a.w + (r + kMaxRows) * a.ldw),
                               next_rows * a.k * 4 / 64}
                 : PrefetchRun{};
+        const float* bias = a.bias != nullptr ? a.bias + r : nullptr;
+        const bool scratch_product =
+            epilogue != nullptr && !epilogue->store_product;
+        float* product = scratch_product ? scratch : out + r * a.ldo;
+        const int64_t ld = scratch_product ? kScratchColumns : a.ldo;
         kernels[rows - 1][np - 1](a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
-                                  a.bias != nullptr ? a.bias + r : nullptr,
-                                  out + r * a.ldo, a.ldo, columns);
+                                  bias, product, ld, columns);
+        if (epilogue != nullptr) {
+          // The block's tail columns too, then its steps while in cache.
+          if (dots > 0) {
+            dot_rows(a.w + r * a.ldw, a.ldw, a.k, dot_panel, dots, bias,
+                     product + columns, ld, 0, rows);
+          }
+          apply_epilogue(*epilogue, product, ld, out_at + r * a.ldo, a.ldo, r,
+                         rows, columns + dots);
+        }
       }
-      if (last_group && dot_columns > 0) {
-        dot_rows(a.w, a.ldw, a.k, dot_panel, dot_columns, a.bias, out + columns,
-                 a.ldo, chunk * chunk_rows, row_end);
+      if (epilogue == nullptr && dots > 0) {
+        dot_rows(a.w, a.ldw, a.k, dot_panel, dots, a.bias, out + columns, a.ldo,
+                 chunk * chunk_rows, row_end);
       }
     }
   });

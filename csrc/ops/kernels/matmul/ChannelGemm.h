@@ -12,6 +12,35 @@ namespace ember::matmul {
 
 // Whether this CPU runs the kernel (AVX-512F). Decided once from CPUID.
 bool channel_gemm_supported();
+// Whether it applies epilogues (AVX-512F).
+bool channel_epilogues_supported();
+
+// Elementwise steps applied to each block of the product while it is in
+// cache (a convolution's batch norm, residual add and ReLU), each with the
+// arithmetic of the op's own kernel, so the bits are those of the ops run
+// one after another. AVX-512F only (epilogues_supported()).
+struct ChannelEpilogueStep {
+  enum class Kind : uint8_t {
+    kAffine,  // v * scale[row] + shift[row] (a multiply, then an add)
+    kAdd,     // v + addend (same layout as out)
+    kRelu,    // max(0, v)
+  };
+  Kind kind = Kind::kRelu;
+  const float* scale = nullptr;  // kAffine: one per output row
+  const float* shift = nullptr;
+  const float* addend = nullptr;  // kAdd: image 0, row stride ldo
+  float* out = nullptr;           // where the step's result is stored, or null
+};
+
+inline constexpr int kMaxEpilogueSteps = 8;
+
+struct ChannelEpilogue {
+  int count = 0;
+  ChannelEpilogueStep steps[kMaxEpilogueSteps];
+  // Whether the product itself (args.out) is stored; when not, out is
+  // still addressed (the steps' layout) but never written.
+  bool store_product = true;
+};
 
 struct ChannelGemmArgs {
   const float* w = nullptr;  // M x K, row stride ldw, unit column stride
@@ -24,6 +53,9 @@ struct ChannelGemmArgs {
   int64_t ldo = 0;
   int64_t out_image_stride = 0;
   int64_t m = 0, k = 0, n = 0, images = 1;
+  // Steps applied to the product (null: none). Their outputs and addends
+  // follow out's layout (ldo, out_image_stride).
+  const ChannelEpilogue* epilogue = nullptr;
 };
 
 // out[i] = w @ x[i] (+ bias per row) for every image i. Parallel over

@@ -1,0 +1,213 @@
+"""Convolution epilogues (ops/kernels/ConvEpilogue.h): a 1x1 convolution
+held on its stream takes the inference batch norm, residual add and ReLU
+that follow it as steps applied to each output block in cache. Results must
+be the bits of the ops run one by one, every way the host can observe them
+(intermediates kept or dropped, in-place adds, strided and batched images)."""
+
+import pytest
+import torch
+from isa import AVX512
+
+import torch_ember
+
+be = torch.backends.ember
+
+pytestmark = pytest.mark.skipif(
+    not AVX512, reason="ember's batch-norm kernel and the epilogues need AVX-512F"
+)
+
+
+@pytest.fixture(autouse=True)
+def _async_engine():
+    with be.flags(async_execution=True, fuse_elementwise=True):
+        torch.ember.synchronize()
+        torch_ember.reset_chain_stats()
+        yield
+        torch.ember.synchronize()
+
+
+def _stats():
+    s = torch_ember.chain_stats()
+    return s["convolutions"], s["epilogue_steps"], s["epilogue_written"]
+
+
+def _bn(channels, seed):
+    g = torch.Generator().manual_seed(seed)
+    bn = torch.nn.BatchNorm2d(channels).eval()
+    with torch.no_grad():
+        bn.weight.copy_(torch.rand(channels, generator=g) + 0.5)
+        bn.bias.copy_(torch.randn(channels, generator=g))
+        bn.running_mean.copy_(torch.randn(channels, generator=g))
+        bn.running_var.copy_(torch.rand(channels, generator=g) + 0.1)
+    return bn
+
+
+class Bottleneck(torch.nn.Module):
+    """ResNet's bottleneck with 1x1 convolutions only (the ones that hold),
+    as transformers' ResNet runs it: conv-bn-relu, conv-bn, then the
+    shortcut (the input, or conv-bn), ``+=``, relu."""
+
+    def __init__(self, channels, hidden, stride=1, conv_shortcut=False, seed=0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv1 = torch.nn.Conv2d(channels, hidden, 1, bias=False)
+        self.bn1 = _bn(hidden, seed + 1)
+        self.conv2 = torch.nn.Conv2d(hidden, channels, 1, stride=stride, bias=False)
+        self.bn2 = _bn(channels, seed + 2)
+        self.shortcut = None
+        if conv_shortcut:
+            self.shortcut = torch.nn.Sequential(
+                torch.nn.Conv2d(channels, channels, 1, stride=stride, bias=False),
+                _bn(channels, seed + 3),
+            )
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x if self.shortcut is None else self.shortcut(x)
+        return self.relu(out)
+
+
+def _unfused(fn, *args):
+    with be.flags(fuse_elementwise=False):
+        out = fn(*args)
+        return out.cpu()
+
+
+@pytest.mark.parametrize(
+    "shape,stride,conv_shortcut,expected",
+    [
+        # identity shortcut: conv1 [bn, relu], conv2 [bn, +=, relu]; written:
+        # conv1's relu (conv2's input) and the block's output
+        ((1, 64, 56, 56), 1, False, (2, 5, 2)),
+        ((2, 32, 14, 14), 1, False, (2, 5, 2)),
+        ((1, 64, 7, 7), 1, False, (2, 5, 2)),  # 49 pixels: the dot-product tail
+        # conv shortcut: conv1 [bn, relu], conv2 [bn], shortcut [bn]; the add
+        # and the last relu follow the shortcut's batch norm, not conv2's
+        ((1, 48, 28, 28), 2, True, (3, 4, 3)),
+    ],
+    ids=["56x56", "batch2-14x14", "7x7-dot-tail", "stride2-conv-shortcut"],
+)
+def test_a_bottleneck_gives_the_unfused_bits(shape, stride, conv_shortcut, expected):
+    block = Bottleneck(shape[1], 32, stride=stride, conv_shortcut=conv_shortcut).eval()
+    x = torch.randn(shape)
+    ember_block = Bottleneck(shape[1], 32, stride=stride, conv_shortcut=conv_shortcut)
+    ember_block = ember_block.eval().to("ember")
+    ember_block.load_state_dict(block.state_dict())
+    xe = x.to("ember")
+    with torch.inference_mode():
+        out = ember_block(xe).cpu()
+        assert _stats() == expected
+        assert torch.equal(out, _unfused(ember_block, xe))
+        torch.testing.assert_close(out, block(x), rtol=1e-4, atol=1e-4)
+
+
+def test_kept_intermediates_are_written_with_their_bits():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(32, 64, 1, bias=True).to("ember")
+    bn = _bn(64, 3).to("ember")
+    x = torch.randn(1, 32, 20, 20).to("ember")
+
+    def run(x):
+        y = conv(x)
+        z = bn(y)
+        r = torch.relu(z)
+        return y, z, r
+
+    with torch.inference_mode():
+        y, z, r = run(x)
+        assert _stats()[:2] == (0, 0)  # still held
+        got = [t.cpu() for t in (y, z, r)]
+        assert _stats() == (1, 2, 3)
+        with be.flags(fuse_elementwise=False):
+            want = [t.cpu() for t in run(x)]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    torch.testing.assert_close(got[2], torch.relu(got[1]))
+
+
+def test_an_in_place_add_on_the_product_and_a_dropped_temporary():
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(16, 24, 1, bias=False).to("ember")
+    other = torch.randn(2, 24, 9, 9).to("ember")
+    x = torch.randn(2, 16, 9, 9).to("ember")
+
+    def run(x):
+        y = conv(x)
+        y += other
+        return torch.relu(y)
+
+    with torch.inference_mode():
+        out = run(x).cpu()
+        assert _stats() == (1, 2, 1)  # the product itself was a temporary
+        assert torch.equal(out, _unfused(run, x))
+        ref = torch.relu(torch.nn.functional.conv2d(x.cpu(), conv.weight.cpu()) + other.cpu())
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_an_addend_the_held_work_computes_does_not_join():
+    torch.manual_seed(2)
+    conv = torch.nn.Conv2d(8, 8, 1, bias=False).to("ember")
+    x = torch.randn(1, 8, 12, 12).to("ember")
+
+    def run(x):
+        y = conv(x)
+        z = torch.relu(y)
+        return z + y  # y: the product, not in memory while held
+
+    with torch.inference_mode():
+        out = run(x).cpu()
+        assert torch.equal(out, _unfused(run, x))
+
+
+def test_nothing_is_held_without_the_switch_the_async_engine_or_in_parity():
+    conv = torch.nn.Conv2d(8, 8, 1).to("ember")
+    x = torch.randn(1, 8, 12, 12).to("ember")
+    with torch.inference_mode():
+        for flags in (
+            {"fuse_elementwise": False},
+            {"async_execution": False},
+            {"cpu_parity": True},
+        ):
+            with be.flags(**flags):
+                torch.relu(conv(x)).cpu()
+        assert _stats() == (0, 0, 0)
+
+
+def test_autograd_and_training_batch_norm():
+    """With grad enabled a ReLU still joins (autograd keeps its result, so
+    it is written); a training batch norm (batch statistics) does not."""
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(8, 16, 1).to("ember")
+    bn = torch.nn.BatchNorm2d(16).to("ember")
+    x = torch.randn(2, 8, 10, 10, device="ember", requires_grad=True)
+    out = bn(torch.relu(conv(x)))
+    out.sum().backward()
+    cpu_conv = torch.nn.Conv2d(8, 16, 1)
+    cpu_conv.load_state_dict({k: v.cpu() for k, v in conv.state_dict().items()})
+    xc = x.detach().cpu().requires_grad_()
+    ref = torch.nn.BatchNorm2d(16)(torch.relu(cpu_conv(xc)))
+    ref.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    assert _stats()[:2] == (1, 1)
+
+
+def test_a_stream_switch_or_a_host_read_submits_the_held_convolution():
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(8, 8, 1, bias=False).to("ember")
+    bn = _bn(8, 5).to("ember")
+    x = torch.randn(1, 8, 16, 16).to("ember")
+    side = torch.ember.Stream()
+    with torch.inference_mode():
+        y = bn(conv(x))
+        side.wait_stream(torch.ember.current_stream())
+        with torch.ember.stream(side):
+            r = torch.relu(y)  # another stream: not joined
+        torch.ember.current_stream().wait_stream(side)
+        got = r.cpu()
+        assert _stats()[:2] == (1, 1)
+        with be.flags(fuse_elementwise=False):
+            want = torch.relu(bn(conv(x))).cpu()
+    assert torch.equal(got, want)
