@@ -226,15 +226,25 @@ def test_cpp_wrapper_is_refused_clearly():
 
 # --------------------------------------------------------------------------- backend="ember"
 
+# backend="ember" replays small inference graphs by default (graphs="auto"); the
+# tests of its Inductor passes use small graphs, so they ask for Inductor.
+INDUCTOR = {"graphs": False}
+
+
+def _compiled_by_inductor(backend):
+    return {"backend": backend, **({"options": INDUCTOR} if backend == "ember" else {})}
+
 
 def test_named_backend_batch_one_mlp_is_one_kernel_chain():
-    """One row, small weights: Linear -> GELU -> Linear as generated C++ (no ATen GEMM)."""
+    """One row, small weights: Linear -> GELU -> Linear as generated C++ (no ATen GEMM),
+    where the graph is compiled by Inductor (``graphs=False``: by default so small a
+    graph is replayed, test_named_backend_replays_small_inference_graphs)."""
     from torch._inductor import metrics
 
     model, x = _mlp().eval(), _randn(1, 32)
     metrics.reset()
     with torch.inference_mode():
-        out = torch.compile(model, backend="ember")(x)
+        out = torch.compile(model, backend="ember", options=INDUCTOR)(x)
         _assert_close(out, model(x))
     stats = ember_backend_module.counters
     assert stats["freezing"] == 6  # 2 Linear x 2 + LayerNorm x 2
@@ -257,7 +267,7 @@ def test_named_backend_fuses_activation_into_gemm_epilogue(monkeypatch):
     monkeypatch.setattr(AlgorithmSelectorCache, "benchmark_choices", classmethod(template_wins))
     model, x = _mlp(act=torch.nn.ReLU).eval(), _randn(64, 32)
     with torch.inference_mode():
-        out = torch.compile(model, backend="ember", options={"template": True})(x)
+        out = torch.compile(model, backend="ember", options={"template": True, "graphs": False})(x)
         _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     stats = ember_backend_module.counters
     assert stats["linear_activation"] == 1  # Linear -> ReLU; the second Linear has none
@@ -275,7 +285,7 @@ def test_named_backend_matches_default_on_transformer_block():
     ids = torch.randint(0, model.config.vocab_size, (1, 8)).to(DEVICE)
     with torch.inference_mode():
         expected = model(ids).logits
-        out = torch.compile(model, backend="ember")(ids).logits
+        out = torch.compile(model, backend="ember", options=INDUCTOR)(ids).logits
     _assert_close(out, expected, rtol=1e-4, atol=1e-4)
     assert ember_backend_module.counters["freezing"] > 0
 
@@ -344,7 +354,7 @@ def test_frozen_gemms_return_their_result_without_a_copy(backend):
     model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.Linear(96, 48)).eval()
     model = model.to(DEVICE)
     x = _randn(40, 64)
-    out, ops = _frozen_inference(model, x, backend=backend)
+    out, ops = _frozen_inference(model, x, **_compiled_by_inductor(backend))
     _assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert ember_backend_module.counters["packed_gemm"] == 2
     assert ops.get("ember::gemm") == 2, ops
@@ -359,7 +369,7 @@ def test_gemm_on_a_passed_in_operand_returns_its_result_without_a_copy(backend, 
     paid a copy of its result (2048^3: compiled 2.7-3% slower than eager)."""
     a, b = _randn(40, 64).to(dtype), _randn(64, 48).to(dtype)
     with torch.inference_mode(), inductor_config.patch(fx_graph_cache=False):
-        compiled = torch.compile(lambda x, y: torch.relu(x @ y), backend=backend)
+        compiled = torch.compile(lambda x, y: torch.relu(x @ y), **_compiled_by_inductor(backend))
         for _ in range(2):
             compiled(a, b)
         with torch.profiler.profile() as prof:

@@ -37,6 +37,34 @@ def test_compile_reduce_overhead_on_the_ember_backend_replays_a_graph():
         assert torch.equal(compiled(other).cpu(), model(other).cpu())
 
 
+def test_the_ember_backend_replays_small_inference_graphs_by_default():
+    """backend="ember" without a graphs option replays a small inference graph
+    (a batch-1 MLP: host work is its cost) with each call's outputs its own;
+    a graph with a large value, or compiled with grad enabled, goes to Inductor."""
+    from torch_ember.compile import backend as ember_backend
+
+    model = _mlp().eval()
+    before, auto = dict(graphed.counters), ember_backend.counters["auto_graphs"]
+    inputs = [torch.randn(1, 32, device=DEV) for _ in range(5)]
+    with torch.inference_mode():
+        for _ in range(2):  # weights packed (a weight's first call is not packed)
+            model(inputs[0])
+        compiled = torch.compile(model, backend="ember")
+        outs = [compiled(x) for x in inputs]  # two warm-ups, the capture, replays
+        assert ember_backend.counters["auto_graphs"] == auto + 1
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 2
+        # not overwritten by later calls: each equals eager on its own input
+        for x, out in zip(inputs, outs):
+            assert torch.equal(out.cpu(), model(x).cpu())
+        torch._dynamo.reset()
+        torch.compile(model, backend="ember")(torch.randn(1024, 32, device=DEV))
+        assert ember_backend.counters["auto_graphs"] == auto + 1  # 32768 elements: Inductor
+    torch._dynamo.reset()
+    torch.compile(model, backend="ember")(inputs[0]).sum().backward()
+    assert ember_backend.counters["auto_graphs"] == auto + 1  # training: Inductor
+
+
 def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
     """A replay reads the parameters' memory as captured: after `param.data =
     ...` (new storage, same Parameter object) the graph is captured again."""

@@ -23,9 +23,16 @@ Options (``torch.compile(m, backend="ember", options={...})``):
 at most this many rows are never offered the C++ GEMM template, default 16),
 ``template`` (offer the C++ GEMM template, default False), ``fuse_max_weight``
 (one-row GEMMs next to an activation with at most this many weight elements
-become generated C++ kernels, default 2**16), ``graphs`` (default False; True
-under ``mode="reduce-overhead"``): the graph's ATen ops captured and replayed
-as an ember graph instead of compiled by Inductor (``compile/graphed.py``).
+become generated C++ kernels, default 2**16), ``graphs``: True (the default
+under ``mode="reduce-overhead"``) captures the graph's ATen ops and replays
+them as an ember graph instead of compiling with Inductor
+(``compile/graphed.py``; outputs overwritten by the next call, as CUDA
+graphs'); False always compiles with Inductor; ``"auto"`` (the default
+otherwise) replays small inference graphs (grad disabled, static shapes,
+no value over 16384 elements: a batch-1 MLP, where per-op host work is the
+cost and Inductor's code was slower than ember eager) with each call's
+outputs cloned, so the call means what an uncompiled one does, and compiles
+the rest with Inductor.
 """
 
 from __future__ import annotations
@@ -82,11 +89,16 @@ def ember_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     mode = kwargs.pop("mode", None)
     if kwargs:
         raise TypeError(f"backend='ember' got unexpected arguments {sorted(kwargs)}")
-    if mine.get("graphs", mode == "reduce-overhead"):
-        # Replayed as an ember graph (compile/graphed.py), without Inductor.
-        from torch_ember.compile.graphed import graphed
+    from torch_ember.compile.graphed import graphed, small_inference_graph
 
-        return graphed(gm)
+    graphs = mine.get("graphs", "auto" if mode in (None, "default") else mode == "reduce-overhead")
+    if graphs == "auto":
+        if small_inference_graph(gm, example_inputs):
+            counters["auto_graphs"] += 1
+            return graphed(gm, example_inputs, automatic=True)
+    elif graphs:
+        # Replayed as an ember graph (compile/graphed.py), without Inductor.
+        return graphed(gm, example_inputs)
     patches: dict[str, Any] = {}
     if mode:  # as torch.compile(mode=...) does for Inductor
         patches.update(torch._inductor.list_mode_options(mode))

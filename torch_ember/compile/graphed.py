@@ -126,8 +126,22 @@ class GraphedModule:
         static_inputs: frozenset[int] | None = None,
         label: str = "torch.compile(backend='ember', graphs)",
         keep_live_outputs: bool = False,
+        guarded_signature: bool = False,
+        clone_outputs: bool = False,
+        quiet: bool = False,
     ):
         self.gm = gm
+        # guarded_signature: the caller guards every call's input shapes,
+        # dtypes, devices and grad mode (a Dynamo graph without symbolic
+        # shapes), so once captured, calls replay without computing the
+        # signature (per input, it cost more than the replay of a batch-1 MLP)
+        self.guarded_signature = guarded_signature
+        self._guarded: tuple[tuple, _Entry] | None = None
+        # clone_outputs: a replay's outputs are cloned, so each call's are
+        # the caller's own (not overwritten by the next); quiet: a graph that
+        # cannot be captured runs eagerly without a warning
+        self.clone_outputs = clone_outputs
+        self.quiet = quiet
         self.entries: dict[tuple, _Entry] = {}
         self.eager_reason: str | None = None
         self.written_inputs = written_inputs
@@ -139,7 +153,8 @@ class GraphedModule:
         if self.eager_reason is None:
             self.eager_reason = reason
             counters["eager_fallbacks"] += 1
-            warnings.warn(f"{self.label}: running eagerly: {reason}", stacklevel=4)
+            if not self.quiet:
+                warnings.warn(f"{self.label}: running eagerly: {reason}", stacklevel=4)
 
     def _eager(self, reason: str, args):
         self._give_up(reason)
@@ -148,6 +163,8 @@ class GraphedModule:
     def __call__(self, *args):
         if self.eager_reason is not None:
             return self.gm(*args)
+        if self._guarded is not None:
+            return self._replay(self._guarded[1], args, self._guarded[0])
         signature = _signature(args)
         if isinstance(signature, str):
             return self._eager(signature, args)
@@ -155,6 +172,8 @@ class GraphedModule:
         if entry is None:
             entry = self.entries[signature] = _Entry()
         elif entry.graph is not None:
+            if self.guarded_signature:
+                self._guarded = (signature, entry)
             return self._replay(entry, args, signature)
         pointers = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
         entry.fixed = (
@@ -229,7 +248,7 @@ class GraphedModule:
         # are the backward's fixed inputs, and a reference here would read as
         # a use of them.
         entry.static = [s if not fixed else None for s, fixed in zip(entry.static, entry.fixed)]
-        return self._outputs(entry, args)
+        return self._owned(self._outputs(entry, args))
 
     @staticmethod
     def _input_views(entry: _Entry, outputs) -> dict[int, _InputView]:
@@ -279,6 +298,7 @@ class GraphedModule:
                 # (`param.data = ...`, a new tensor): capture again, as CUDA
                 # graph trees re-record when a static input moves.
                 self.entries.pop(signature, None)
+                self._guarded = None
                 return self(*args)
             static.copy_(given)
         if self.keep_live_outputs and self._outputs_in_use(entry):
@@ -290,8 +310,66 @@ class GraphedModule:
             counters["busy_outputs"] += 1
             return self.gm(*args)
         counters["replays"] += 1
-        return outputs
+        return self._owned(outputs)
+
+    def _owned(self, outputs):
+        """The outputs as the caller receives them: clones of the graph's
+        under clone_outputs."""
+        if not self.clone_outputs:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs.clone()
+        return type(outputs)(o.clone() if isinstance(o, torch.Tensor) else o for o in outputs)
 
 
-def graphed(gm: Callable) -> Callable:
-    return GraphedModule(gm)
+def _symbolic(example_inputs) -> bool:
+    return any(
+        isinstance(d, torch.SymInt)
+        for x in example_inputs
+        if isinstance(x, torch.Tensor)
+        for d in (*x.shape, *x.stride())
+    ) or any(isinstance(x, torch.SymInt) for x in example_inputs)
+
+
+def graphed(gm: Callable, example_inputs=(), *, automatic: bool = False) -> Callable:
+    """A Dynamo graph as an ember graph. Dynamo guards each call's input
+    metadata and grad mode, so a graph without symbolic shapes replays
+    without recomputing the signature. ``automatic`` (chosen by the backend,
+    not asked for by the user): outputs cloned, so the call means what an
+    uncompiled one does, and no warning where the graph runs eagerly."""
+    return GraphedModule(
+        gm,
+        guarded_signature=not _symbolic(example_inputs),
+        clone_outputs=automatic,
+        quiet=automatic,
+    )
+
+
+# A graph is replayed by default (backend="ember", no graphs option) when
+# per-op host work is its cost: no value in it has more elements than this...
+AUTO_MAX_ELEMENTS = 16384
+# ... and it has at most this many ops.
+AUTO_MAX_OPS = 256
+
+
+def small_inference_graph(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    """Whether backend="ember" replays ``gm`` as an ember graph by default:
+    compiled with grad disabled, static shapes, every input an ember tensor
+    or a number, and every value the graph computes small (a batch-1 MLP's
+    activations), where Inductor's kernels cannot beat a replay's lack of
+    per-op host work."""
+    if torch.is_grad_enabled() or _symbolic(example_inputs):
+        return False
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "ember":
+            return False
+    ops = 0
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method", "call_module"):
+            continue
+        ops += 1
+        values = node.meta.get("example_value")
+        for v in values if isinstance(values, (list, tuple)) else (values,):
+            if isinstance(v, torch.Tensor) and v.numel() > AUTO_MAX_ELEMENTS:
+                return False
+    return 0 < ops <= AUTO_MAX_OPS
