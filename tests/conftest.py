@@ -73,6 +73,17 @@ def async_on():
 
 
 @pytest.fixture
+def held_work():
+    """Asynchronous execution and held work (fuse_elementwise) on, chain and
+    epilogue counts reset; the streams drained before and after."""
+    with torch.backends.ember.flags(async_execution=True, fuse_elementwise=True):
+        torch.ember.synchronize()
+        torch_ember.reset_chain_stats()
+        yield
+        torch.ember.synchronize()
+
+
+@pytest.fixture
 def clean_memory():
     """Frees cached blocks and resets peak statistics of every ember device."""
     gc.collect()

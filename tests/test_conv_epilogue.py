@@ -12,18 +12,12 @@ import torch_ember
 
 be = torch.backends.ember
 
-pytestmark = pytest.mark.skipif(
-    not AVX512, reason="ember's batch-norm kernel and the epilogues need AVX-512F"
-)
-
-
-@pytest.fixture(autouse=True)
-def _async_engine():
-    with be.flags(async_execution=True, fuse_elementwise=True):
-        torch.ember.synchronize()
-        torch_ember.reset_chain_stats()
-        yield
-        torch.ember.synchronize()
+pytestmark = [
+    pytest.mark.usefixtures("held_work"),
+    pytest.mark.skipif(
+        not AVX512, reason="ember's batch-norm kernel and the epilogues need AVX-512F"
+    ),
+]
 
 
 def _stats():

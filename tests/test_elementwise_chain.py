@@ -20,10 +20,13 @@ be = torch.backends.ember
 N = (64, 1024)  # 65536 elements: chained (>= 16384)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
-pytestmark = pytest.mark.skipif(
-    not torch_ember._C.cpu_features().get("avx512f", False),
-    reason="ember's elementwise kernels need AVX-512F",
-)
+pytestmark = [
+    pytest.mark.usefixtures("held_work"),
+    pytest.mark.skipif(
+        not torch_ember._C.cpu_features().get("avx512f", False),
+        reason="ember's elementwise kernels need AVX-512F",
+    ),
+]
 
 
 def gelu_new(x):
@@ -41,15 +44,6 @@ def unchained(fn, *args):
     with be.flags(fuse_elementwise=False):
         out = fn(*args)
         return out.cpu() if isinstance(out, torch.Tensor) else [t.cpu() for t in out]
-
-
-@pytest.fixture(autouse=True)
-def _async_engine():
-    with be.flags(async_execution=True, fuse_elementwise=True):
-        torch.ember.synchronize()
-        torch_ember.reset_chain_stats()
-        yield
-        torch.ember.synchronize()
 
 
 def test_gelu_chain_is_one_pass_writing_only_its_result_with_unchained_bits():
