@@ -159,7 +159,13 @@ void EmberGraphImpl::replay() {
   // runs on the calling thread, as every op then does: a hand-off to the
   // worker would cost more than the host work it saves.
   translate_runtime_errors([&] {
-    if (flags::async_execution()) {
+    stream.submit_held();  // its state decides
+    // Queued as one unit, except where an eager op would run at the call:
+    // on an idle stream whose worker sleeps, the worker's wake-up (~150 us
+    // on a halted vCPU) costs more than a small replay (a batch-1 MLP's,
+    // ~12 us), and the host only waits for it.
+    if (flags::async_execution() &&
+        !runs_at_call(stream, /*result_numel=*/0)) {
       graph_->replay(stream);
     } else {
       // Each recorded unit sets its launching thread count (a device's
