@@ -164,8 +164,7 @@ void EmberGraphImpl::replay() {
     // on an idle stream whose worker sleeps, the worker's wake-up (~150 us
     // on a halted vCPU) costs more than a small replay (a batch-1 MLP's,
     // ~12 us), and the host only waits for it.
-    if (flags::async_execution() &&
-        !runs_at_call(stream, /*result_numel=*/0)) {
+    if (flags::async_execution() && !runs_at_call(stream, /*result_numel=*/0)) {
       graph_->replay(stream);
     } else {
       // Each recorded unit sets its launching thread count (a device's
