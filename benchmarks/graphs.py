@@ -288,7 +288,7 @@ def markdown(meta: dict, results: dict[str, dict]) -> str:
             f"Generated {meta['date']} by `{meta['command']}`, {meta['threads']} threads, "
             f"on {meta['cpu_model']} ({meta['cores']} cores); asynchronous execution "
             f"{'on' if meta['async'] else 'off'} (replays run "
-            f"{'as one queued unit' if meta['async'] else 'on the calling thread'})."
+            f"{'as one queued unit, or at the call on an idle stream whose worker sleeps' if meta['async'] else 'on the calling thread'})."
         ),
         "",
         (
