@@ -1,9 +1,11 @@
 // aten::convolution on ember. By default a 2-D fp32 convolution runs oneDNN
 // on a prepacked weight (packed once per weight and call geometry, see
 // matmul/PackedWeights.h): CPU's path reorders the weight into oneDNN's
-// blocked layout on every call. Otherwise CPU's whole convolution path on
-// aliases (ATen picks oneDNN, im2col or depthwise kernels). When
-// torch.backends.ember asks for it, ember picks the 2-D forward algorithm
+// blocked layout on every call. Unpadded 1x1 convolutions of NCHW images run
+// as ember's channel GEMM, and 3x3 stride-1 ones with enough channels and
+// tiles as Winograd's F(2x2, 3x3) (conv/WinogradRoute.h). Otherwise CPU's whole
+// convolution path on aliases (ATen picks oneDNN, im2col or depthwise kernels).
+// When torch.backends.ember asks for it, ember picks the 2-D forward algorithm
 // itself: conv.fp32_precision = "bf16" (bf16 operands, fp32 accumulation)
 // or benchmark = True (time oneDNN against ATen's im2col+GEMM kernel).
 #include <ATen/core/Tensor.h>
@@ -32,6 +34,7 @@
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/OneDnnSupport.h"
+#include "ops/kernels/conv/WinogradRoute.h"
 #include "ops/kernels/matmul/ChannelGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 #include "ops/kernels/tuning/Autotune.h"
@@ -556,6 +559,11 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   if (packed_route_applies(input, weight, bias, params)) {
     if (channel_gemm_applies(input, weight, params)) {
       return channel_gemm_conv(input, weight, bias, params);
+    }
+    if (winograd_route_applies(input, weight, params.stride, params.padding,
+                               params.dilation, params.groups)) {
+      if (auto out = winograd_convolution(input, weight, bias, params.padding))
+        return *out;
     }
     if (auto out = packed_conv(input, weight, bias, params)) return *out;
   }

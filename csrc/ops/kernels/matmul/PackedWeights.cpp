@@ -269,6 +269,7 @@ class PackCache {
     packed->k = w.size(0);
     packed->n = w.numel() / w.size(0);
     packed->bytes = static_cast<size_t>(w.numel()) * w.element_size();
+    if (kind == PackKind::kWinogradF32) packed->bytes = packed->bytes / 9 * 16;
     packed->budget_bytes = packed->bytes;
     if (static_cast<int64_t>(packed->budget_bytes) > limit_ ||
         !admits(packed->budget_bytes, uses)) {

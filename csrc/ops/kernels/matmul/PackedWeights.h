@@ -13,6 +13,9 @@
 //                             matmul
 //   kOneDnnConv               oneDNN's blocked convolution weight, one pack
 //                             per call geometry (ops/kernels/Convolution.cpp)
+//   kWinogradF32              a 3x3 filter transformed for Winograd's
+//                             F(2x2, 3x3) (conv/WinogradF2x3.h): 16/9 of
+//                             the weight's floats
 //
 // Packs live in ember device memory (they count in memory_stats and the
 // memory limit), the cache is bounded in bytes (least recently used packs
@@ -38,7 +41,8 @@ enum class PackKind : uint8_t {
   kMklF32,
   kOneDnn,
   kOneDnnBf16,
-  kOneDnnConv
+  kOneDnnConv,
+  kWinogradF32
 };
 
 // One packed copy of B (K x N).
@@ -52,7 +56,8 @@ struct PackedWeight {
   // but for kMklF32, whose allocation MKL sizes with room it never writes.
   size_t budget_bytes = 0;
   c10::DataPtr panels;  // kPanels*, kMklF32: ember memory
-  at::Tensor onednn;    // kOneDnn*: oneDNN's blocked weight (an MKLDNN tensor)
+  at::Tensor onednn;    // kOneDnn*: oneDNN's blocked weight (an MKLDNN tensor);
+                        // kWinogradF32: the transformed filter (CPU floats)
 
   PanelPackedF32 f32() const;
   PanelPackedBf16 bf16() const;
@@ -68,7 +73,8 @@ std::shared_ptr<const PackedWeight> packed_weight(const at::Tensor& b,
                                                   PackKind kind);
 
 // The oneDNN pack of a weight of any shape (same cache, same rules):
-// `reorder` gets a CPU alias of `weight` and returns its packed copy.
+// `reorder` gets a CPU alias of `weight` and returns its packed copy (for
+// kWinogradF32, any CPU tensor of the transformed filter's floats).
 // `geometry` tells apart packs of one weight made for different calls (a
 // convolution's stride, padding and input size choose its blocked layout).
 using OneDnnReorder = std::function<at::Tensor(const at::Tensor& cpu_weight)>;
