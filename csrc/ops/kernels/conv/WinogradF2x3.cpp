@@ -52,12 +52,10 @@ struct PaddedPlane {
 __attribute__((target("avx512f"))) void transform_input_plane(
     const float* padded, int64_t stride, const WinogradGeometry& g,
     int64_t first_tile, int64_t position_stride, float* v) {
-  const __m512i even =
-      _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2,
-                       0);
-  const __m512i odd =
-      _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
-                       1);
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12,
+                                        10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13,
+                                       11, 9, 7, 5, 3, 1);
   const int64_t tiles_w = g.tiles_w();
   for (int64_t ty = 0; ty < g.tiles_h(); ++ty) {
     for (int64_t t0 = 0; t0 < tiles_w; t0 += kLanes) {
@@ -83,10 +81,9 @@ __attribute__((target("avx512f"))) void transform_input_plane(
       const __mmask16 mask = lanes(tiles_w - t0);
       float* out = v + first_tile + ty * tiles_w + t0;
       for (int i = 0; i < 4; ++i) {  // (B^T d) B
-        const __m512 row[4] = {_mm512_sub_ps(t[i][0], t[i][2]),
-                               _mm512_add_ps(t[i][1], t[i][2]),
-                               _mm512_sub_ps(t[i][2], t[i][1]),
-                               _mm512_sub_ps(t[i][1], t[i][3])};
+        const __m512 row[4] = {
+            _mm512_sub_ps(t[i][0], t[i][2]), _mm512_add_ps(t[i][1], t[i][2]),
+            _mm512_sub_ps(t[i][2], t[i][1]), _mm512_sub_ps(t[i][1], t[i][3])};
         for (int j = 0; j < 4; ++j) {
           _mm512_mask_storeu_ps(out + (4 * i + j) * position_stride, mask,
                                 row[j]);
@@ -102,10 +99,10 @@ __attribute__((target("avx512f"))) void transform_input_plane(
 __attribute__((target("avx512f"))) void transform_output_plane(
     const float* m, int64_t position_stride, const WinogradGeometry& g,
     int64_t first_tile, float bias, float* out) {
-  const __m512i low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18,
-                                       2, 17, 1, 16, 0);
-  const __m512i high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27,
-                                        11, 26, 10, 25, 9, 24, 8);
+  const __m512i low =
+      _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
+                                        26, 10, 25, 9, 24, 8);
   const int64_t tiles_w = g.tiles_w(), out_h = g.out_h(), out_w = g.out_w();
   const __m512 b = _mm512_set1_ps(bias);
   for (int64_t ty = 0; ty < g.tiles_h(); ++ty) {
@@ -227,10 +224,9 @@ void winograd_group(const WinogradGeometry& g, const float* input,
   at::parallel_for(0, g.images * k_count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t image = task / k_count, k = task % k_count;
-      transform_output_plane(m, k_count * tiles, g,
-                             k * tiles + image * tiles_per_image,
-                             bias != nullptr ? bias[k] : 0.0f,
-                             out + task * out_plane);
+      transform_output_plane(
+          m, k_count * tiles, g, k * tiles + image * tiles_per_image,
+          bias != nullptr ? bias[k] : 0.0f, out + task * out_plane);
     }
   });
   v_buffer.release_above(kKeptFloats);
@@ -249,8 +245,9 @@ void winograd_conv(const WinogradGeometry& g, const float* input,
   // Images go through in groups whose transformed tiles (V and M) take at
   // most kGroupFloats, one image at least.
   const int64_t group = std::clamp<int64_t>(
-      winograd_group_floats / std::max<int64_t>(1, winograd_buffer_floats(g, 1)), 1,
-      g.images);
+      winograd_group_floats /
+          std::max<int64_t>(1, winograd_buffer_floats(g, 1)),
+      1, g.images);
   const int64_t in_image = g.channels * g.height * g.width;
   const int64_t out_image = g.out_channels * g.out_h() * g.out_w();
   for (int64_t first = 0; first < g.images; first += group) {

@@ -92,9 +92,8 @@ std::optional<at::Tensor> winograd_convolution(
                         const at::Tensor& out, const at::Tensor& x,
                         const std::optional<at::Tensor>& b) {
     if (watched.written_since()) [[unlikely]] {
-      const_cast<at::Tensor&>(out).copy_(
-          at::convolution(x, watched.weight_cpu, b, {1, 1}, padding, {1, 1},
-                          false, {0, 0}, 1));
+      const_cast<at::Tensor&>(out).copy_(at::convolution(
+          x, watched.weight_cpu, b, {1, 1}, padding, {1, 1}, false, {0, 0}, 1));
       return;
     }
     conv::winograd_conv(
