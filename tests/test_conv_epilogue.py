@@ -2,7 +2,9 @@
 held on its stream takes the inference batch norm, residual add and ReLU
 that follow it as steps applied to each output block in cache. Results must
 be the bits of the ops run one by one, every way the host can observe them
-(intermediates kept or dropped, in-place adds, strided and batched images)."""
+(intermediates kept or dropped, in-place adds, strided and batched images).
+3x3 convolutions on the Winograd route hold the same way:
+test_conv_winograd.py."""
 
 import pytest
 import torch

@@ -13,14 +13,18 @@ leaves to oneDNN.
 import pytest
 import torch
 import torch.nn.functional as F
+from isa import AVX512
 
-import torch_ember  # noqa: F401
+import torch_ember
 
 DEVICE = "ember"
 EPS32 = torch.finfo(torch.float32).eps
 be = torch.backends.ember
 
-pytestmark = pytest.mark.usefixtures("empty_caches")
+pytestmark = [
+    pytest.mark.usefixtures("empty_caches"),
+    pytest.mark.skipif(not AVX512, reason="the Winograd kernels need AVX-512F"),
+]
 
 # Each of the input transform's 16 values adds up to 4 inputs, each output
 # sums 9 of the products: a slack of 16 over direct convolution's bound.
@@ -194,3 +198,57 @@ def test_channels_last_and_cpu_parity_keep_their_routes(capfd):
         out, err = _routes(capfd, lambda: F.conv2d(x, w, padding=1))
     assert "winograd" not in err
     assert torch.equal(out.cpu(), F.conv2d(x.cpu(), w.cpu(), padding=1))
+
+
+def _bn(channels, seed):
+    g = torch.Generator().manual_seed(seed)
+    bn = torch.nn.BatchNorm2d(channels).eval()
+    with torch.no_grad():
+        bn.weight.copy_(torch.rand(channels, generator=g) + 0.5)
+        bn.bias.copy_(torch.randn(channels, generator=g))
+        bn.running_mean.copy_(torch.randn(channels, generator=g))
+        bn.running_var.copy_(torch.rand(channels, generator=g) + 0.1)
+    return bn
+
+
+class BasicBlock(torch.nn.Module):
+    """ResNet's basic block: 3x3 conv-bn-relu, 3x3 conv-bn, += input, relu."""
+
+    def __init__(self, channels):
+        super().__init__()
+        torch.manual_seed(channels)
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = _bn(channels, 1)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1, bias=True)
+        self.bn2 = _bn(channels, 2)
+        self.relu = torch.nn.ReLU()
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += x
+        return self.relu(out)
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 28, 28), (3, 24, 13, 9)], ids=str)
+def test_batch_norm_add_and_relu_join_a_held_winograd_convolution(shape, held_work):
+    """With held work on (asynchronous execution, fuse_elementwise), the ops
+    after a Winograd convolution join it as steps on each output row: the
+    bits of the ops run one by one, whichever way the images are grouped."""
+    block = BasicBlock(shape[1]).eval()
+    ember_block = BasicBlock(shape[1]).eval().to(DEVICE)
+    ember_block.load_state_dict(block.state_dict())
+    x = torch.randn(shape)
+    xe = x.to(DEVICE)
+    with torch.inference_mode():
+        ember_block(xe).cpu()  # the weights' first calls: no transformed filter yet
+        torch_ember.reset_chain_stats()
+        out = ember_block(xe).cpu()
+        stats = torch_ember.chain_stats()
+        # conv1 [bn, relu], conv2 [bn, +=, relu]; written: conv1's relu and the output
+        assert (stats["convolutions"], stats["epilogue_steps"]) == (2, 5)
+        assert stats["epilogue_written"] == 2
+        with be.flags(fuse_elementwise=False):
+            unfused = ember_block(xe).cpu()
+    assert torch.equal(out, unfused)
+    torch.testing.assert_close(out, block(x), rtol=1e-4, atol=1e-4)

@@ -1,5 +1,6 @@
 // Convolution epilogues: a channel-GEMM convolution (1x1, matmul/
-// ChannelGemm.h) launched with asynchronous execution on is held on its
+// ChannelGemm.h) or a Winograd one (3x3, conv/WinogradF2x3.h: the steps run
+// on each output row) launched with asynchronous execution on is held on its
 // stream (runtime HeldWork) instead of run, and the ops that follow it over
 // its result -- inference batch norm, a residual add (out of place or in
 // place), ReLU: ResNet's conv -> bn -> relu and bn -> += -> relu -- join it

@@ -93,12 +93,40 @@ __attribute__((target("avx512f"))) void transform_input_plane(
   }
 }
 
-// out plane of one (image, output channel) = A^T M A (+ bias): 16 tiles at
-// a time; each output row's two columns per tile are interleaved by
-// permutes into 32 consecutive floats.
+// The output plane of an epilogue (k: its output channel, plane_at: its
+// place in out's layout counted from image 0).
+struct PlaneEpilogue {
+  const matmul::ChannelEpilogue* steps = nullptr;
+  int64_t k = 0;
+  int64_t plane_at = 0;
+};
+
+// Up to 32 values of an output row: stored, and/or given to the epilogue.
+__attribute__((target("avx512f"))) void store_row(float* row, __m512 low,
+                                                  __m512 high, int64_t columns,
+                                                  const PlaneEpilogue& e,
+                                                  int64_t row_at) {
+  if (e.steps == nullptr || e.steps->store_product) {
+    _mm512_mask_storeu_ps(row, lanes(columns), low);
+    if (columns > kLanes) {
+      _mm512_mask_storeu_ps(row + kLanes, lanes(columns - kLanes), high);
+    }
+  }
+  if (e.steps != nullptr) {
+    alignas(64) float values[2 * kLanes];
+    _mm512_store_ps(values, low);
+    _mm512_store_ps(values + kLanes, high);
+    matmul::apply_channel_epilogue(*e.steps, values, 2 * kLanes, row_at, 0, e.k,
+                                   1, std::min(columns, 2 * kLanes));
+  }
+}
+
+// out plane of one (image, output channel) = A^T M A (+ bias), then the
+// epilogue's steps: 16 tiles at a time; each output row's two columns per
+// tile are interleaved by permutes into 32 consecutive floats.
 __attribute__((target("avx512f"))) void transform_output_plane(
     const float* m, int64_t position_stride, const WinogradGeometry& g,
-    int64_t first_tile, float bias, float* out) {
+    int64_t first_tile, float bias, float* out, const PlaneEpilogue& e) {
   const __m512i low =
       _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i high = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11,
@@ -129,13 +157,10 @@ __attribute__((target("avx512f"))) void transform_output_plane(
             _mm512_add_ps(_mm512_add_ps(s[r][0], s[r][1]), s[r][2]), b);
         const __m512 right = _mm512_add_ps(
             _mm512_sub_ps(_mm512_sub_ps(s[r][1], s[r][2]), s[r][3]), b);
-        float* row = out + y * out_w + 2 * t0;
-        _mm512_mask_storeu_ps(row, lanes(columns),
-                              _mm512_permutex2var_ps(left, low, right));
-        if (columns > kLanes) {
-          _mm512_mask_storeu_ps(row + kLanes, lanes(columns - kLanes),
-                                _mm512_permutex2var_ps(left, high, right));
-        }
+        store_row(out + y * out_w + 2 * t0,
+                  _mm512_permutex2var_ps(left, low, right),
+                  _mm512_permutex2var_ps(left, high, right), columns, e,
+                  e.plane_at + y * out_w + 2 * t0);
       }
     }
   }
@@ -185,8 +210,10 @@ void winograd_transform_filter(const float* weight, int64_t out_channels,
 namespace {
 
 // One group of images, all three steps.
+// out_at: out's place counted from image 0 (the epilogue's addresses).
 void winograd_group(const WinogradGeometry& g, const float* input,
-                    const float* filter, const float* bias, float* out) {
+                    const float* filter, const float* bias, float* out,
+                    const matmul::ChannelEpilogue* epilogue, int64_t out_at) {
   const int64_t tiles = g.tiles();
   const int64_t tiles_per_image = g.tiles_h() * g.tiles_w();
   const int64_t c_count = g.channels, k_count = g.out_channels;
@@ -226,7 +253,8 @@ void winograd_group(const WinogradGeometry& g, const float* input,
       const int64_t image = task / k_count, k = task % k_count;
       transform_output_plane(
           m, k_count * tiles, g, k * tiles + image * tiles_per_image,
-          bias != nullptr ? bias[k] : 0.0f, out + task * out_plane);
+          bias != nullptr ? bias[k] : 0.0f, out + task * out_plane,
+          PlaneEpilogue{epilogue, k, out_at + task * out_plane});
     }
   });
   v_buffer.release_above(kKeptFloats);
@@ -241,7 +269,9 @@ int64_t winograd_buffer_floats(const WinogradGeometry& g, int64_t images) {
 }
 
 void winograd_conv(const WinogradGeometry& g, const float* input,
-                   const float* filter, const float* bias, float* out) {
+                   const float* filter, const float* bias, float* out,
+                   const matmul::ChannelEpilogue* epilogue) {
+  if (epilogue != nullptr && epilogue->count == 0) epilogue = nullptr;
   // Images go through in groups whose transformed tiles (V and M) take at
   // most kGroupFloats, one image at least.
   const int64_t group = std::clamp<int64_t>(
@@ -254,7 +284,7 @@ void winograd_conv(const WinogradGeometry& g, const float* input,
     WinogradGeometry part = g;
     part.images = std::min(group, g.images - first);
     winograd_group(part, input + first * in_image, filter, bias,
-                   out + first * out_image);
+                   out + first * out_image, epilogue, first * out_image);
   }
 }
 

@@ -20,6 +20,8 @@
 
 #include <cstdint>
 
+#include "ops/kernels/matmul/ChannelGemm.h"
+
 namespace ember::conv {
 
 // Whether this CPU runs the kernels (AVX-512F). Decided once from CPUID.
@@ -58,8 +60,11 @@ inline constexpr int64_t winograd_group_floats = int64_t{1} << 21;
 
 // out (N x K x out_h x out_w, contiguous) = the convolution of `input`
 // (N x C x H x W, contiguous) with the filter U transformed above, plus
-// `bias` (K values) when not null.
+// `bias` (K values) when not null, then `epilogue`'s steps (null: none;
+// matmul/ChannelGemm.h, rows = output channels) applied to each output row
+// while it is in registers; out is then stored only if the epilogue says so.
 void winograd_conv(const WinogradGeometry& g, const float* input,
-                   const float* filter, const float* bias, float* out);
+                   const float* filter, const float* bias, float* out,
+                   const matmul::ChannelEpilogue* epilogue = nullptr);
 
 }  // namespace ember::conv

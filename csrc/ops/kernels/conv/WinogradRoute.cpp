@@ -9,6 +9,7 @@
 #include "observe/ExecutionPath.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
+#include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/conv/WinogradF2x3.h"
 #include "ops/kernels/matmul/PackedWeights.h"
 
@@ -103,6 +104,23 @@ std::optional<at::Tensor> winograd_convolution(
   };
   static const std::string launched_name = "aten::convolution (winograd)";
   observe::mark_path(observe::ExecutionPath::kNative, "winograd");
+  if (holds_convolutions()) {
+    // Held for the batch norm, add and ReLU that may follow (ConvEpilogue.h):
+    // their steps run on each output row as the transform writes it.
+    at::Tensor held = at::empty(sizes, input.options());
+    hold_convolution(launched_name, held,
+                     [g, packed, input, bias](
+                         float* out, const matmul::ChannelEpilogue* epilogue) {
+                       conv::winograd_conv(
+                           g, input.const_data_ptr<float>(),
+                           packed->onednn.const_data_ptr<float>(),
+                           bias.has_value() && bias->defined()
+                               ? bias->const_data_ptr<float>()
+                               : nullptr,
+                           out, epilogue);
+                     });
+    return held;
+  }
   std::optional<at::Tensor> out = unboxed::launch_into(
       launched_name, [&] { return at::empty(sizes, input.options()); }, into,
       input, bias);

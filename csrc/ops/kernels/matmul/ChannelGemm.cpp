@@ -230,12 +230,13 @@ struct PanelBuffer {
 // A block's product where the epilogue does not store it: kMaxRows rows of
 // a pixel group and its dot-product tail, in cache.
 constexpr int64_t kScratchColumns = kGroupColumns + kMaxDotColumns;
+static_assert(kScratchColumns == kChannelEpilogueColumns);
 
-// The epilogue's steps over `rows` x `columns` (<= kScratchColumns) of a
-// block: its product at `product` (row stride ld), its place in out's
-// layout at element `at` (first row `row0`). A row's columns stay in
-// registers through every step; the step's kind is decided once per row.
-__attribute__((target("avx512f"))) void apply_epilogue(
+}  // namespace
+
+// A row's columns stay in registers through every step; the step's kind is
+// decided once per row.
+__attribute__((target("avx512f"))) void apply_channel_epilogue(
     const ChannelEpilogue& e, const float* product, int64_t ld, int64_t at,
     int64_t ldo, int64_t row0, int64_t rows, int64_t columns) {
   using Kind = ChannelEpilogueStep::Kind;
@@ -306,8 +307,6 @@ __attribute__((target("avx512f"))) void apply_epilogue(
     }
   }
 }
-
-}  // namespace
 
 bool channel_gemm_supported() { return panel_tiles_supported(); }
 
@@ -395,8 +394,8 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
             dot_rows(a.w + r * a.ldw, a.ldw, a.k, dot_panel, dots, bias,
                      product + columns, ld, 0, rows);
           }
-          apply_epilogue(*epilogue, product, ld, out_at + r * a.ldo, a.ldo, r,
-                         rows, columns + dots);
+          apply_channel_epilogue(*epilogue, product, ld, out_at + r * a.ldo,
+                                 a.ldo, r, rows, columns + dots);
         }
       }
       if (epilogue == nullptr && dots > 0) {

@@ -42,6 +42,19 @@ struct ChannelEpilogue {
   bool store_product = true;
 };
 
+// Columns apply_channel_epilogue takes per call: a block of the kernel's
+// (3 pixel panels and a dot-product tail).
+inline constexpr int64_t kChannelEpilogueColumns = 52;
+
+// The epilogue's steps over `rows` x `columns` (<= kChannelEpilogueColumns)
+// of a product block at `product` (row stride ld), whose place in out's
+// layout is element `at` (first output row, i.e. channel, `row0`; row
+// stride ldo). For kernels that compute outputs of this layout otherwise
+// (conv/WinogradF2x3.h). AVX-512F only.
+void apply_channel_epilogue(const ChannelEpilogue& e, const float* product,
+                            int64_t ld, int64_t at, int64_t ldo, int64_t row0,
+                            int64_t rows, int64_t columns);
+
 struct ChannelGemmArgs {
   const float* w = nullptr;  // M x K, row stride ldw, unit column stride
   int64_t ldw = 0;
