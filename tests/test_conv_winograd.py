@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from isa import AVX512
+from test_conv_epilogue import _bn
 
 import torch_ember
 
@@ -198,17 +199,6 @@ def test_channels_last_and_cpu_parity_keep_their_routes(capfd):
         out, err = _routes(capfd, lambda: F.conv2d(x, w, padding=1))
     assert "winograd" not in err
     assert torch.equal(out.cpu(), F.conv2d(x.cpu(), w.cpu(), padding=1))
-
-
-def _bn(channels, seed):
-    g = torch.Generator().manual_seed(seed)
-    bn = torch.nn.BatchNorm2d(channels).eval()
-    with torch.no_grad():
-        bn.weight.copy_(torch.rand(channels, generator=g) + 0.5)
-        bn.bias.copy_(torch.randn(channels, generator=g))
-        bn.running_mean.copy_(torch.randn(channels, generator=g))
-        bn.running_var.copy_(torch.rand(channels, generator=g) + 0.1)
-    return bn
 
 
 class BasicBlock(torch.nn.Module):
