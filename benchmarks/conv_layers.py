@@ -162,6 +162,13 @@ def measure(layer: dict, rounds: int, calls: int) -> dict:
     return result
 
 
+FLOPS_NOTE = (
+    "ember GFLOP/s: a direct convolution's FLOPs (2 x Cout x Cin x kh x kw per output) "
+    "over ember's time. The winograd route does 16 of direct convolution's 36 multiplies "
+    "per 2x2 outputs, so its figure can exceed the machine's peak."
+)
+
+
 def render(layers: list[dict], results: list[dict], args: argparse.Namespace) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     cpu_name = platform.processor() or platform.machine()
@@ -201,6 +208,8 @@ def render(layers: list[dict], results: list[dict], args: argparse.Namespace) ->
         f"| {totals['cpu-cl']:.2f} | {totals['ember']:.2f} | {totals['ember-parity']:.2f} | "
         f"| {totals['ember'] / totals['cpu']:.2f}x | | |"
     )
+    out.append("")
+    out.append(FLOPS_NOTE)
     out.append("")
     return "\n".join(out)
 
