@@ -65,6 +65,55 @@ def test_the_ember_backend_replays_small_inference_graphs_by_default():
     assert ember_backend.counters["auto_graphs"] == auto + 1  # training: Inductor
 
 
+def test_default_inductor_replays_small_inference_graphs(monkeypatch):
+    """The default backend (no mode) replays a small inference graph's compiled
+    code with each call's outputs its own, bitwise equal to that code run
+    without a graph; a graph with a kernel that opens an OpenMP region, or
+    compiled with grad enabled, runs as compiled."""
+    from torch_ember.compile import inductor_graphs
+
+    model = _mlp().eval()
+    inputs = [torch.randn(1, 32, device=DEV) for _ in range(5)]
+    with torch.inference_mode():
+        for _ in range(2):  # weights packed (a weight's first call is not packed)
+            model(inputs[0])
+        monkeypatch.setattr(inductor_graphs, "AUTO_REPLAY", False)
+        plain = torch.compile(model)
+        expected = [plain(x).clone() for x in inputs]
+        torch._dynamo.reset()
+        monkeypatch.setattr(inductor_graphs, "AUTO_REPLAY", True)
+        before = _counts()
+        compiled = torch.compile(model)
+        outs = [compiled(x) for x in inputs]  # two warm-ups, the capture, replays
+        assert graphed.counters["inductor_auto_graphs"] == before["inductor_auto_graphs"] + 1
+        assert graphed.counters["captures"] == before["captures"] + 1
+        assert graphed.counters["replays"] == before["replays"] + 2
+        # not overwritten by later calls: each is the compiled code's result
+        for want, out in zip(expected, outs):
+            assert torch.equal(out.cpu(), want.cpu())
+        # captured by hand in a graph of the caller's: the replay is recorded
+        x = inputs[0].clone()
+        side = torch.ember.Stream()
+        side.wait_stream(torch.ember.current_stream())
+        graph = torch.ember.EmberGraph()
+        with torch.ember.graph(graph, stream=side):
+            out = compiled(x)
+        x.copy_(inputs[1])
+        graph.replay()
+        assert torch.equal(out.cpu(), expected[1].cpu())
+        torch._dynamo.reset()
+        auto = graphed.counters["inductor_auto_graphs"]
+        # a softmax over 64 rows: Inductor's kernel runs its rows in an OpenMP region
+        softmax = torch.compile(lambda a: torch.softmax(a * 2, -1))
+        x = torch.randn(64, 256, device=DEV)
+        for _ in range(4):
+            torch.testing.assert_close(softmax(x).cpu(), torch.softmax(x.cpu() * 2, -1))
+        assert graphed.counters["inductor_auto_graphs"] == auto
+    torch._dynamo.reset()
+    torch.compile(model)(inputs[0]).sum().backward()
+    assert graphed.counters["inductor_auto_graphs"] == auto
+
+
 def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
     """A replay reads the parameters' memory as captured: after `param.data =
     ...` (new storage, same Parameter object) the graph is captured again."""
@@ -89,10 +138,15 @@ def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
 
 
 @pytest.mark.parametrize("async_execution", [True, False])
-def test_capturing_compiled_code_records_its_cpp_kernels(async_execution):
+def test_capturing_compiled_code_records_its_cpp_kernels(async_execution, monkeypatch):
     """Code compiled by the default Inductor backend can be captured as CUDA's
     can: its generated C++ kernels are recorded like ops, and a replay gives
-    the compiled call's bits for the new input."""
+    the compiled call's bits for the new input. (The compiled code itself: so
+    small a graph is otherwise replayed by the backend, whose replay a capture
+    records as one unit, test_default_inductor_replays_small_inference_graphs.)"""
+    from torch_ember.compile import inductor_graphs
+
+    monkeypatch.setattr(inductor_graphs, "AUTO_REPLAY", False)
     model = _mlp().eval()
     compiled = torch.compile(model)
     x = torch.randn(2, 32, device=DEV)

@@ -32,7 +32,13 @@ import torch
 
 # busy_outputs: calls run without their graph because a replay would have
 # overwritten outputs still in use (or could not hand out an input's view)
-counters = {"captures": 0, "replays": 0, "eager_fallbacks": 0, "busy_outputs": 0}
+counters = {
+    "captures": 0,
+    "replays": 0,
+    "eager_fallbacks": 0,
+    "busy_outputs": 0,
+    "inductor_auto_graphs": 0,  # default-mode Inductor graphs replayed (inductor_graphs.py)
+}
 
 
 def _signature(args) -> tuple | str:

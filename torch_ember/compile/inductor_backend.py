@@ -49,6 +49,30 @@ DEVICE_TYPE = "ember"
 class EmberScheduling(CppScheduling):
     """C++/OpenMP kernels (Inductor's CPU kernel codegen) for ember buffers."""
 
+    def define_kernel(self, src_code, nodes, kernel_args=None):
+        if "#pragma omp parallel" in src_code:
+            _facts(V.graph.wrapper_code)["parallel_kernels"] += 1
+        return super().define_kernel(src_code, nodes, kernel_args)
+
+
+GRAPH_FACTS = "ember_graph_facts"
+"""Name of the dict the generated module defines: what its code does, for
+the graph policy (``inductor_graphs.py``) to decide whether to replay it.
+It travels with the code, so a graph from the FX graph cache has it too."""
+
+
+def _facts(wrapper: PythonWrapperCodegen) -> dict:
+    root = _root(wrapper)
+    facts = root.__dict__.get("_ember_facts")
+    if facts is None:
+        facts = root.__dict__["_ember_facts"] = {
+            "max_buffer_elements": 0,  # the largest buffer the call allocates
+            "symbolic_shapes": False,  # a buffer shape with a symbol in it
+            "parallel_kernels": 0,  # C++ kernels that open an OpenMP region
+            "launches": 0,  # C++ kernels launched
+        }
+    return facts
+
 
 class _EmberWrapperLines:
     """The two lines of the Python wrapper that differ from CPU."""
@@ -62,6 +86,16 @@ class _EmberWrapperLines:
             )
         if allocation_shape is None:
             allocation_shape = shape
+        facts = _facts(self)
+        elements = 1
+        for dim in allocation_shape:
+            try:
+                elements *= int(dim)
+            except TypeError:  # a sympy expression with free symbols
+                facts["symbolic_shapes"] = True
+                elements = 0
+                break
+        facts["max_buffer_elements"] = max(facts["max_buffer_elements"], elements)
         size = self.codegen_python_shape_tuple(allocation_shape)
         strides = self.codegen_python_shape_tuple(stride)
         index = device.index if device.index is not None else 0
@@ -104,6 +138,7 @@ class _EmberWrapperLines:
                 [str(index), repr(kernel_name), kernel_name, repr(written), *call_args]
             )
             self.writeline(f"{_launch_name(self)}({args}){self.ending}")
+            _facts(self)["launches"] += 1
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
 
@@ -159,6 +194,12 @@ class EmberPythonWrapperCodegen(_EmberWrapperLines, PythonWrapperCodegen):
         if is_subgraph:
             return EmberSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
         return EmberPythonWrapperCodegen()
+
+    def generate_return(self, output_refs):
+        # After every line of the call was generated, before the header is
+        # assembled into the module (PythonWrapperCodegen._generate).
+        self.header.writeline(f"{GRAPH_FACTS} = {_facts(self)!r}")
+        super().generate_return(output_refs)
 
 
 class EmberCppWrapperCodegen(CppWrapperCpu):

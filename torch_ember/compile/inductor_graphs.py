@@ -25,6 +25,18 @@ graph and lets it wrap the result. ember's policy:
   the compiled code without the graph). Gradients reach ``.grad`` as copies
   (``AccumulateGrad`` does not take a tensor the graph still holds).
 
+Without ``reduce-overhead``, a small inference graph on ember compiled by
+the default backend is replayed the same way, with each call's outputs
+cloned (the call then means what an uncompiled one does), as
+``backend="ember"`` replays small graphs by default: grad disabled, static
+shapes, no buffer over ``graphed.AUTO_MAX_ELEMENTS`` elements and no C++
+kernel with an OpenMP region (a batch-1 MLP), where per-op host work is
+the cost. The generated module says what its code does
+(``inductor_backend.GRAPH_FACTS``). A replay queued on the stream's worker
+would run an OpenMP kernel on the worker's team while the host's team runs
+the ops around the call, and libgomp's barriers then sleep: such graphs
+are left as compiled. ``AUTO_REPLAY = False`` turns this off.
+
 Installed by ``register_inductor_backend`` unless CUDA is available: with
 Inductor's graph partitions on, any policy changes how CUDA graphs are cut,
 and ember does not take that decision for CUDA users (they keep the old
@@ -37,10 +49,15 @@ import torch
 from torch._inductor.cudagraph_utils import CUDAGraphPolicy
 from torch._inductor.output_code import CompiledFxGraph
 
+from torch_ember.compile import graphed as _graphed
 from torch_ember.compile.graphed import GraphedModule
+from torch_ember.compile.inductor_backend import GRAPH_FACTS
 
 DEVICE_TYPE = "ember"
 LABEL = "torch.compile(mode='reduce-overhead') on ember"
+
+AUTO_REPLAY = True
+"""Replay small inference graphs of the default mode (module doc)."""
 
 
 def _on_ember(compiled) -> bool:
@@ -57,7 +74,12 @@ class _BoxedGraph:
     over a :class:`GraphedModule` of the compiled callable."""
 
     def __init__(
-        self, compiled_callable, written_inputs: frozenset[int], static_inputs, training: bool
+        self,
+        compiled_callable,
+        written_inputs: frozenset[int],
+        static_inputs,
+        training: bool,
+        automatic: bool = False,
     ):
         self.graphed = GraphedModule(
             lambda *args: compiled_callable(list(args)),
@@ -65,6 +87,9 @@ class _BoxedGraph:
             static_inputs=static_inputs,
             label=LABEL,
             keep_live_outputs=training,
+            guarded_signature=automatic,  # static shapes: Dynamo guards every input
+            clone_outputs=automatic,
+            quiet=automatic,
         )
 
     def __call__(self, args: list):
@@ -90,19 +115,38 @@ class EmberGraphPolicy(CUDAGraphPolicy):
 
     def wrap_output(self, output_code):
         output_code = self.previous.wrap_output(output_code)
-        if not (
-            isinstance(output_code, CompiledFxGraph)
-            and _on_ember(output_code)
-            and _graphs_requested()
-        ):
+        if not (isinstance(output_code, CompiledFxGraph) and _on_ember(output_code)):
+            return output_code
+        if _graphs_requested():
+            automatic = False
+        elif _small_inference(output_code):
+            automatic = True
+            _graphed.counters["inductor_auto_graphs"] += 1
+        else:
             return output_code
         output_code.current_callable = _BoxedGraph(
             output_code.current_callable,
             frozenset(output_code.mutated_input_idxs),
             frozenset(output_code.fx_kwargs.get("static_input_idxs") or ()),
             training=not output_code.fx_kwargs.get("is_inference", False),
+            automatic=automatic,
         )
         return output_code
+
+
+def _small_inference(output_code: CompiledFxGraph) -> bool:
+    """Whether a default-mode graph is replayed with cloned outputs (module doc)."""
+    if not AUTO_REPLAY or torch.is_grad_enabled():
+        return False
+    if not output_code.fx_kwargs.get("is_inference", False):
+        return False
+    facts = getattr(output_code.current_callable, "__globals__", {}).get(GRAPH_FACTS)
+    return (
+        facts is not None
+        and not facts["symbolic_shapes"]
+        and facts["parallel_kernels"] == 0
+        and facts["max_buffer_elements"] <= _graphed.AUTO_MAX_ELEMENTS
+    )
 
 
 def install() -> bool:

@@ -41,7 +41,9 @@ class Options:
     # offer Inductor's C++ GEMM template (fused epilogue); off: ember's packed
     # oneDNN route measured faster on every transformer shape
     template: bool = False
-    fuse_max_weight: int = 1 << 16  # one-row GEMMs up to this many weight elements: C++ kernels
+    # one-row GEMMs up to this many weight elements as C++ reductions; off: the
+    # skinny packed GEMM (and a replay of small graphs) measured faster
+    fuse_max_weight: int = 0
 
 
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
