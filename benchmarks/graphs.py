@@ -6,7 +6,8 @@
   static KV cache (transformers' ``StaticCache``) after a 128-token prompt,
   per token: CPU eager and ember eager run the decode step as a Python loop;
   the ember graph holds one whole step (model, argmax, the token and position
-  written back for the next step), so a token is one replay.
+  written back for the next step), so a token is one replay. The three run
+  in alternating rounds of ``--tokens`` steps, each from the prompt's end.
 
 Reports medians per call/token, ratios to CPU eager, capture time and the
 memory the graph holds (ember memory allocated by capture, and the graph
@@ -185,39 +186,79 @@ def _step(model, cache, token, position):
     position.add_(1)
 
 
-def bench_decode(tokens: int, prompt_len: int) -> dict:
-    max_len = prompt_len + 3 * tokens + 8
-    rows = {}
+def _decode_rounds(modes: dict, tokens: int, rounds: int) -> tuple[dict, dict]:
+    """``modes``: name -> (reset, step). Each round runs every mode for ``tokens``
+    steps from its reset (the same position each time, so no mode decodes
+    at longer contexts than another), one mode after the other; returns the
+    median seconds per step of each and the tokens of its last round."""
+    samples = {name: [] for name in modes}
     sequences = {}
-    with torch.inference_mode():
-        for name, device in (("cpu-eager", "cpu"), ("ember-eager", "ember")):
-            model, cache, token, position = _gpt2(device, prompt_len, max_len)
-            for _ in range(2):  # warm-up: ember packs weights on the second call
-                _step(model, cache, token, position)
+    for _ in range(rounds):
+        for name, (reset, step) in modes.items():
+            reset()
             seq = []
             start = time.perf_counter()
             for _ in range(tokens):
-                _step(model, cache, token, position)
-                seq.append(token.clone())
-            if device == "ember":
+                seq.append(step())
+            if any(t.device.type == "ember" for t in seq[-1:]):
                 torch.ember.synchronize()
-            rows[name] = (time.perf_counter() - start) / tokens
+            samples[name].append((time.perf_counter() - start) / tokens)
             sequences[name] = torch.cat([t.cpu() for t in seq], 1)
-            del model, cache
-        model, cache, token, position = _gpt2("ember", prompt_len, max_len)
-        for _ in range(2):  # warm-up, as the eager run
-            _step(model, cache, token, position)
+    return {name: statistics.median(v) for name, v in samples.items()}, sequences
+
+
+def _decoder(device: str, prompt_len: int, max_len: int):
+    """(reset, step, model, cache, token, position) of a decode from the prompt's end."""
+    model, cache, token, position = _gpt2(device, prompt_len, max_len)
+    first = token.clone()
+
+    # transformers' static cache layers count the positions they have written
+    # (the next write goes there, whatever cache_position says): rewound too
+    counters = [
+        layer.cumulative_length
+        for layer in getattr(cache, "layers", ())
+        if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)
+    ]
+
+    def reset():
+        token.copy_(first)
+        position.fill_(prompt_len)
+        for written in counters:
+            written.fill_(prompt_len)
+
+    def step():
+        _step(model, cache, token, position)
+        return token.clone()
+
+    for _ in range(2):  # warm-up: ember packs weights on the second call
+        step()
+    return reset, step, model, cache, token, position
+
+
+def bench_decode(tokens: int, prompt_len: int, rounds: int) -> dict:
+    max_len = prompt_len + tokens + 8
+    with torch.inference_mode():
+        cpu_reset, cpu_step, *_ = _decoder("cpu", prompt_len, max_len)
+        reset, step, model, cache, token, position = _decoder("ember", prompt_len, max_len)
+        reset()
         capture = _capture(lambda: _step(model, cache, token, position))  # one step
         graph = capture[0]
-        seq = [token.clone()]
-        start = time.perf_counter()
-        for _ in range(tokens - 1):
+
+        def replay():
             graph.replay()
-            seq.append(token.clone())
-        torch.ember.synchronize()
-        rows["ember-graph"] = (time.perf_counter() - start) / (tokens - 1)
-        sequences["ember-graph"] = torch.cat([t.cpu() for t in seq], 1)
+            return token.clone()
+
+        rows, sequences = _decode_rounds(
+            {
+                "cpu-eager": (cpu_reset, cpu_step),
+                "ember-eager": (reset, step),
+                "ember-graph": (reset, replay),
+            },
+            tokens,
+            rounds,
+        )
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        del model, cache, graph
 
         def compiled_step(mode):
             model, cache, token, position = _gpt2("ember", prompt_len, max_len)
@@ -360,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     results = {
         "mlp-b1": bench_mlp(args.repeats),
-        "gpt2-decode-static": bench_decode(args.tokens, args.prompt),
+        "gpt2-decode-static": bench_decode(args.tokens, args.prompt, args.repeats),
     }
     meta = {
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
