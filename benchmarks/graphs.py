@@ -258,7 +258,6 @@ def bench_decode(tokens: int, prompt_len: int, rounds: int) -> dict:
             rounds,
         )
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-        del model, cache, graph
 
         def compiled_step(mode):
             model, cache, token, position = _gpt2("ember", prompt_len, max_len)
