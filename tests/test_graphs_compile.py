@@ -114,6 +114,48 @@ def test_default_inductor_replays_small_inference_graphs(monkeypatch):
     assert graphed.counters["inductor_auto_graphs"] == auto
 
 
+@pytest.mark.parametrize("backend", ["inductor", "ember"])
+@pytest.mark.parametrize("streams", [False, True])
+def test_automatic_graphs_are_safe_to_call_from_several_threads(backend, streams):
+    """A graph the backend chose to replay (small, outputs cloned) is called from
+    4 threads at once, each on its own input (and, with ``streams``, its own
+    stream): every call gets its own input's result, as the compiled code would
+    give it. (One set of static inputs serves all calls: without turns, a
+    thread's input copy lands between another's copy and its replay.)"""
+    import sys
+    import threading
+
+    model = _mlp().eval()
+    inputs = [torch.randn(1, 32, device=DEV) for _ in range(4)]
+    with torch.inference_mode():
+        for _ in range(2):
+            model(inputs[0])
+        compiled = torch.compile(model, backend=backend)
+        for _ in range(3):  # two warm-ups, the capture
+            compiled(inputs[0])
+        expected = [compiled(x).cpu() for x in inputs]  # replays, one at a time
+    failures = []
+
+    def run(i):
+        stream = torch.ember.Stream() if streams else torch.ember.current_stream()
+        with torch.inference_mode(), torch.ember.stream(stream):
+            for _ in range(20):
+                if not torch.equal(compiled(inputs[i]).cpu(), expected[i]):
+                    failures.append(i)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not failures, f"{len(failures)} of 80 calls got another input's result"
+
+
 def test_compile_graphs_capture_again_when_a_parameter_gets_new_memory():
     """A replay reads the parameters' memory as captured: after `param.data =
     ...` (new storage, same Parameter object) the graph is captured again."""

@@ -25,6 +25,7 @@ eagerly from then on, with a warning naming the reason.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 
@@ -148,6 +149,12 @@ class GraphedModule:
         # cannot be captured runs eagerly without a warning
         self.clone_outputs = clone_outputs
         self.quiet = quiet
+        # A graph chosen by the backend (clone_outputs) must be as safe to
+        # call from several threads and streams as the code it stands for:
+        # calls take turns (one set of static inputs and outputs), and a call
+        # on another stream than the last one first waits for that stream.
+        self._turns = threading.Lock() if clone_outputs else None
+        self._last_stream = None
         self.entries: dict[tuple, _Entry] = {}
         self.eager_reason: str | None = None
         self.written_inputs = written_inputs
@@ -167,6 +174,18 @@ class GraphedModule:
         return self.gm(*args)
 
     def __call__(self, *args):
+        if self._turns is None:
+            return self._call(*args)
+        with self._turns:
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            index = device.index if device is not None and device.type == "ember" else None
+            stream = torch.accelerator.current_stream(index)
+            if self._last_stream is not None and stream != self._last_stream:
+                stream.wait_stream(self._last_stream)
+            self._last_stream = stream
+            return self._call(*args)
+
+    def _call(self, *args):
         if self.eager_reason is not None:
             return self.gm(*args)
         if self._guarded is not None:
@@ -305,7 +324,7 @@ class GraphedModule:
                 # graph trees re-record when a static input moves.
                 self.entries.pop(signature, None)
                 self._guarded = None
-                return self(*args)
+                return self._call(*args)
             static.copy_(given)
         if self.keep_live_outputs and self._outputs_in_use(entry):
             counters["busy_outputs"] += 1
