@@ -68,8 +68,8 @@ def test_the_ember_backend_replays_small_inference_graphs_by_default():
 def test_default_inductor_replays_small_inference_graphs(monkeypatch):
     """The default backend (no mode) replays a small inference graph's compiled
     code with each call's outputs its own, bitwise equal to that code run
-    without a graph; a graph with a kernel that opens an OpenMP region, or
-    compiled with grad enabled, runs as compiled."""
+    without a graph; a graph with a kernel that opens an OpenMP region, with a
+    dynamic input, or compiled with grad enabled, runs as compiled."""
     from torch_ember.compile import inductor_graphs
 
     model = _mlp().eval()
@@ -108,6 +108,13 @@ def test_default_inductor_replays_small_inference_graphs(monkeypatch):
         x = torch.randn(64, 256, device=DEV)
         for _ in range(4):
             torch.testing.assert_close(softmax(x).cpu(), torch.softmax(x.cpu() * 2, -1))
+        assert graphed.counters["inductor_auto_graphs"] == auto
+        # a dynamic batch summed away: no buffer is dynamic, the input is
+        total = torch.compile(lambda a: a.sum(0))
+        for rows in (3, 3, 3, 3, 5, 7):
+            x = torch.randn(rows, 32, device=DEV)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(total(x).cpu(), x.cpu().sum(0))
         assert graphed.counters["inductor_auto_graphs"] == auto
     torch._dynamo.reset()
     torch.compile(model)(inputs[0]).sum().backward()

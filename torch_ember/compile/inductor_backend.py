@@ -67,7 +67,7 @@ def _facts(wrapper: PythonWrapperCodegen) -> dict:
     if facts is None:
         facts = root.__dict__["_ember_facts"] = {
             "max_buffer_elements": 0,  # the largest buffer the call allocates
-            "symbolic_shapes": False,  # a buffer shape with a symbol in it
+            "symbolic_shapes": False,  # a buffer's or an input's shape with a symbol in it
             "parallel_kernels": 0,  # C++ kernels that open an OpenMP region
             "launches": 0,  # C++ kernels launched
         }
@@ -198,8 +198,26 @@ class EmberPythonWrapperCodegen(_EmberWrapperLines, PythonWrapperCodegen):
     def generate_return(self, output_refs):
         # After every line of the call was generated, before the header is
         # assembled into the module (PythonWrapperCodegen._generate).
-        self.header.writeline(f"{GRAPH_FACTS} = {_facts(self)!r}")
+        facts = _facts(self)
+        # A dynamic input whose size no buffer depends on (a dynamic batch
+        # summed away) leaves every allocation static.
+        facts["symbolic_shapes"] = facts["symbolic_shapes"] or _symbolic_inputs()
+        self.header.writeline(f"{GRAPH_FACTS} = {facts!r}")
         super().generate_return(output_refs)
+
+
+def _symbolic_inputs() -> bool:
+    """Whether a graph input (a tensor's sizes or strides, or a SymInt) has a symbol."""
+    for value in V.graph.graph_inputs.values():
+        dims = [value]
+        for layout in ("get_size", "get_stride"):
+            try:
+                dims += list(getattr(value, layout)())
+            except (AttributeError, NotImplementedError, TypeError):
+                pass
+        if any(getattr(d, "free_symbols", None) for d in dims):
+            return True
+    return False
 
 
 class EmberCppWrapperCodegen(CppWrapperCpu):
