@@ -109,6 +109,13 @@ def test_default_inductor_replays_small_inference_graphs(monkeypatch):
         for _ in range(4):
             torch.testing.assert_close(softmax(x).cpu(), torch.softmax(x.cpu() * 2, -1))
         assert graphed.counters["inductor_auto_graphs"] == auto
+        # a GEMM's result allocated by its extern kernel (ember::gemm), and its
+        # operands (copied on every call), are values as large as any
+        a, b = torch.randn(256, 256, device=DEV), torch.randn(256, 256, device=DEV)
+        product = torch.compile(lambda p, q: p @ q)
+        for _ in range(4):
+            torch.testing.assert_close(product(a, b).cpu(), a.cpu() @ b.cpu(), rtol=1e-4, atol=1e-4)
+        assert graphed.counters["inductor_auto_graphs"] == auto
         # a dynamic batch summed away: no buffer is dynamic, the input is
         total = torch.compile(lambda a: a.sum(0))
         for rows in (3, 3, 3, 3, 5, 7):

@@ -70,6 +70,7 @@ def _facts(wrapper: PythonWrapperCodegen) -> dict:
             "symbolic_shapes": False,  # a buffer's or an input's shape with a symbol in it
             "parallel_kernels": 0,  # C++ kernels that open an OpenMP region
             "launches": 0,  # C++ kernels launched
+            "input_elements": [],  # per input in call order (-1: symbolic)
         }
     return facts
 
@@ -199,25 +200,41 @@ class EmberPythonWrapperCodegen(_EmberWrapperLines, PythonWrapperCodegen):
         # After every line of the call was generated, before the header is
         # assembled into the module (PythonWrapperCodegen._generate).
         facts = _facts(self)
-        # A dynamic input whose size no buffer depends on (a dynamic batch
-        # summed away) leaves every allocation static.
-        facts["symbolic_shapes"] = facts["symbolic_shapes"] or _symbolic_inputs()
+        # The allocations above miss values that extern kernels allocate
+        # themselves (ember::gemm's result), and a dynamic batch summed away
+        # leaves every allocation static: every value counts, inputs apart
+        # (in call order: the policy leaves out parameters and buffers).
+        buffers = [_extent(b) for b in V.graph.buffers]
+        inputs = [_extent(V.graph.graph_inputs[n]) for n in V.graph.graph_input_names]
+        facts["max_buffer_elements"] = max(
+            [facts["max_buffer_elements"], *(e for e in buffers if e is not None)]
+        )
+        facts["input_elements"] = [e if e is not None else -1 for e in inputs]
+        if any(e is None for e in buffers + inputs):
+            facts["symbolic_shapes"] = True
         self.header.writeline(f"{GRAPH_FACTS} = {facts!r}")
         super().generate_return(output_refs)
 
 
-def _symbolic_inputs() -> bool:
-    """Whether a graph input (a tensor's sizes or strides, or a SymInt) has a symbol."""
-    for value in V.graph.graph_inputs.values():
-        dims = [value]
-        for layout in ("get_size", "get_stride"):
-            try:
-                dims += list(getattr(value, layout)())
-            except (AttributeError, NotImplementedError, TypeError):
-                pass
-        if any(getattr(d, "free_symbols", None) for d in dims):
-            return True
-    return False
+def _extent(value) -> int | None:
+    """Elements of a graph value (0: not a tensor; None: sizes or strides
+    with a symbol, or a symbolic scalar)."""
+    if getattr(value, "free_symbols", None) and not hasattr(value, "get_size"):
+        return None  # a SymInt input
+    try:
+        sizes = list(value.get_size())
+    except (AttributeError, NotImplementedError, TypeError):
+        return 0
+    try:
+        strides = list(value.get_stride())
+    except (AttributeError, NotImplementedError, TypeError):
+        strides = []
+    if any(getattr(d, "free_symbols", None) for d in sizes + strides):
+        return None
+    elements = 1
+    for d in sizes:
+        elements *= int(d)
+    return elements
 
 
 class EmberCppWrapperCodegen(CppWrapperCpu):

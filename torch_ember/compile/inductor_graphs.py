@@ -29,8 +29,9 @@ Without ``reduce-overhead``, a small inference graph on ember compiled by
 the default backend is replayed the same way, with each call's outputs
 cloned (the call then means what an uncompiled one does), as
 ``backend="ember"`` replays small graphs by default: grad disabled, static
-shapes, no buffer over ``graphed.AUTO_MAX_ELEMENTS`` elements and no C++
-kernel with an OpenMP region (a batch-1 MLP), where per-op host work is
+shapes, no value it computes and no input it copies (parameters and
+buffers are not copied) over ``graphed.AUTO_MAX_ELEMENTS`` elements, and no
+C++ kernel with an OpenMP region (a batch-1 MLP), where per-op host work is
 the cost. The generated module says what its code does
 (``inductor_backend.GRAPH_FACTS``). A replay queued on the stream's worker
 would run an OpenMP kernel on the worker's team while the host's team runs
@@ -141,12 +142,13 @@ def _small_inference(output_code: CompiledFxGraph) -> bool:
     if not output_code.fx_kwargs.get("is_inference", False):
         return False
     facts = getattr(output_code.current_callable, "__globals__", {}).get(GRAPH_FACTS)
-    return (
-        facts is not None
-        and not facts["symbolic_shapes"]
-        and facts["parallel_kernels"] == 0
-        and facts["max_buffer_elements"] <= _graphed.AUTO_MAX_ELEMENTS
-    )
+    if facts is None or facts["symbolic_shapes"] or facts["parallel_kernels"]:
+        return False
+    # Parameters and buffers are read where they are; other inputs are copied
+    # into the graph's static inputs on every call.
+    static = set(output_code.fx_kwargs.get("static_input_idxs") or ())
+    copied = [e for i, e in enumerate(facts["input_elements"]) if i not in static]
+    return max([facts["max_buffer_elements"], *copied]) <= _graphed.AUTO_MAX_ELEMENTS
 
 
 def install() -> bool:
