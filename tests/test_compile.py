@@ -236,7 +236,7 @@ def _compiled_by_inductor(backend):
 
 
 def test_named_backend_batch_one_mlp_is_one_kernel_chain():
-    """With ``fuse_max_weight`` set (off by default), one row and small weights:
+    """One row and small weights (``fuse_max_weight``, 2**16 by default):
     Linear -> GELU -> Linear as generated C++ (no ATen GEMM), where the graph is
     compiled by Inductor (``graphs=False``: by default so small a graph is
     replayed, test_named_backend_replays_small_inference_graphs)."""
@@ -341,22 +341,23 @@ def _frozen_inference(model, x, **compile_kwargs):
 
 def test_default_inductor_runs_ember_passes_on_frozen_graphs(monkeypatch):
     """Default torch.compile on ember gets backend="ember"'s passes through the device's
-    post-grad hook: by default a one-row MLP keeps its GEMM calls (ember's packed
-    skinny kernel); with the one-row fusion on, it becomes generated C++ (no GEMM call)."""
+    post-grad hook: a one-row MLP becomes generated C++ (no GEMM call at all); with
+    the one-row fusion off (``fuse_max_weight=0``) it keeps its GEMM calls (ember's
+    packed skinny kernel)."""
     from torch_ember.compile import passes
 
     model, x = _mlp().eval(), _randn(1, 32)
     out, ops = _frozen_inference(model, x)
     _assert_close(out, model(x))
-    assert ember_backend_module.counters["linear_activation"] == 0
-    assert ops.get("aten::addmm") == 2, ops
-    torch._dynamo.reset()
-    fused = passes.Options(fuse_max_weight=1 << 16)
-    monkeypatch.setattr(passes, "Options", lambda: fused)
-    out, ops = _frozen_inference(model, x)
-    _assert_close(out, model(x))
     assert ember_backend_module.counters["linear_activation"] == 2
     assert not any(k in ops for k in ("aten::addmm", "aten::mm", "ember::gemm")), ops
+    torch._dynamo.reset()
+    unfused = passes.Options(fuse_max_weight=0)
+    monkeypatch.setattr(passes, "Options", lambda: unfused)
+    out, ops = _frozen_inference(model, x)
+    _assert_close(out, model(x))
+    assert ember_backend_module.counters["linear_activation"] == 2  # from the first compile
+    assert ops.get("aten::addmm") == 2, ops
 
 
 @pytest.mark.parametrize("backend", ["inductor", "ember"])

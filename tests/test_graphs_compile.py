@@ -66,7 +66,8 @@ def test_the_ember_backend_replays_small_inference_graphs_by_default():
 
 
 def test_default_inductor_replays_small_inference_graphs(monkeypatch):
-    """The default backend (no mode) replays a small inference graph's compiled
+    """With ``inductor_graphs.AUTO_REPLAY`` (off by default), the default backend
+    (no mode) replays a small inference graph's compiled
     code with each call's outputs its own, bitwise equal to that code run
     without a graph; a graph with a kernel that opens an OpenMP region, with a
     dynamic input, or compiled with grad enabled, runs as compiled."""
@@ -130,7 +131,7 @@ def test_default_inductor_replays_small_inference_graphs(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["inductor", "ember"])
 @pytest.mark.parametrize("streams", [False, True])
-def test_automatic_graphs_are_safe_to_call_from_several_threads(backend, streams):
+def test_automatic_graphs_are_safe_to_call_from_several_threads(backend, streams, monkeypatch):
     """A graph the backend chose to replay (small, outputs cloned) is called from
     4 threads at once, each on its own input (and, with ``streams``, its own
     stream): every call gets its own input's result, as the compiled code would
@@ -139,6 +140,9 @@ def test_automatic_graphs_are_safe_to_call_from_several_threads(backend, streams
     import sys
     import threading
 
+    from torch_ember.compile import inductor_graphs
+
+    monkeypatch.setattr(inductor_graphs, "AUTO_REPLAY", True)  # the default backend's: opt-in
     model = _mlp().eval()
     inputs = [torch.randn(1, 32, device=DEV) for _ in range(4)]
     with torch.inference_mode():

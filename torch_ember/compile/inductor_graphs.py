@@ -25,8 +25,9 @@ graph and lets it wrap the result. ember's policy:
   the compiled code without the graph). Gradients reach ``.grad`` as copies
   (``AccumulateGrad`` does not take a tensor the graph still holds).
 
-Without ``reduce-overhead``, a small inference graph on ember compiled by
-the default backend is replayed the same way, with each call's outputs
+With ``AUTO_REPLAY`` set, and without ``reduce-overhead``, a small
+inference graph on ember compiled by the default backend is replayed the
+same way, with each call's outputs
 cloned (the call then means what an uncompiled one does), as
 ``backend="ember"`` replays small graphs by default: grad disabled, static
 shapes, no value it computes and no input it copies (parameters and
@@ -36,7 +37,8 @@ the cost. The generated module says what its code does
 (``inductor_backend.GRAPH_FACTS``). A replay queued on the stream's worker
 would run an OpenMP kernel on the worker's team while the host's team runs
 the ops around the call, and libgomp's barriers then sleep: such graphs
-are left as compiled. ``AUTO_REPLAY = False`` turns this off.
+are left as compiled. Opt-in: ``AUTO_REPLAY = True`` (off by default,
+docs/compile.md says why).
 
 Installed by ``register_inductor_backend`` unless CUDA is available: with
 Inductor's graph partitions on, any policy changes how CUDA graphs are cut,
@@ -57,8 +59,9 @@ from torch_ember.compile.inductor_backend import GRAPH_FACTS
 DEVICE_TYPE = "ember"
 LABEL = "torch.compile(mode='reduce-overhead') on ember"
 
-AUTO_REPLAY = True
-"""Replay small inference graphs of the default mode (module doc)."""
+AUTO_REPLAY = False
+"""Replay small inference graphs of the default mode (module doc). Off by
+default: faster back to back, slower in the suite's pattern (docs/compile.md)."""
 
 
 def _on_ember(compiled) -> bool:

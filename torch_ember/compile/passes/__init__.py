@@ -41,9 +41,11 @@ class Options:
     # offer Inductor's C++ GEMM template (fused epilogue); off: ember's packed
     # oneDNN route measured faster on every transformer shape
     template: bool = False
-    # one-row GEMMs up to this many weight elements as C++ reductions; off: the
-    # skinny packed GEMM (and a replay of small graphs) measured faster
-    fuse_max_weight: int = 0
+    # one-row GEMMs up to this many weight elements: one C++ reduction kernel.
+    # Back to back the skinny packed GEMM calls replayed as a graph were
+    # faster; in the suite's pattern (pauses between samples) this was
+    # (docs/compile.md)
+    fuse_max_weight: int = 1 << 16
 
 
 PASSES: dict[str, Callable[[torch.fx.GraphModule, Options], int]] = {
