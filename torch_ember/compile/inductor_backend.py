@@ -69,7 +69,6 @@ def _facts(wrapper: PythonWrapperCodegen) -> dict:
             "max_buffer_elements": 0,  # the largest buffer the call allocates
             "symbolic_shapes": False,  # a buffer's or an input's shape with a symbol in it
             "parallel_kernels": 0,  # C++ kernels that open an OpenMP region
-            "launches": 0,  # C++ kernels launched
             "input_elements": [],  # per input in call order (-1: symbolic)
         }
     return facts
@@ -139,7 +138,6 @@ class _EmberWrapperLines:
                 [str(index), repr(kernel_name), kernel_name, repr(written), *call_args]
             )
             self.writeline(f"{_launch_name(self)}({args}){self.ending}")
-            _facts(self)["launches"] += 1
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, **kwargs)
 
