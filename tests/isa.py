@@ -7,8 +7,11 @@ import torch_ember  # noqa: F401  (registers torch.backends.ember)
 
 _caps = torch.backends.ember.capabilities()
 
-# AVX-512F: ember's elementwise, batch-norm, pooling and attention kernels.
+# AVX-512F: ember's pooling and argmax kernels.
 AVX512 = bool(_caps["avx512f"])
+# ember's elementwise (arithmetic, tanh, GELU, chains), batch-norm,
+# attention, convolution-epilogue and Winograd kernels: AVX-512F, or AVX2 + FMA.
+VECTOR_KERNELS = AVX512 or bool(_caps["avx2"] and _caps["fma"])
 # The panel GEMMs (skinny, tall, 1x1 convolution): AVX-512F, or AVX2 + FMA.
 PANEL_GEMM = AVX512 or bool(_caps["avx2"] and _caps["fma"])
 # bf16 arithmetic (VDPBF16PS or AMX): where "medium" precision computes in bf16.

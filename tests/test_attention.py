@@ -7,6 +7,7 @@ bit. Kernel selection itself is tests/test_backends_sdpa.py's."""
 import pytest
 import torch
 import torch.nn.functional as F
+from isa import VECTOR_KERNELS
 
 import torch_ember
 
@@ -110,8 +111,8 @@ def test_backward_matches_cpu():
 
 
 def test_route_is_observable(capfd):
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's attention kernel needs AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's attention kernel needs AVX-512F or AVX2")
     q, k, v = (t.to(DEVICE) for t in _qkv(1, 2, 20, 20, 16))
     with be.verbose(1):
         F.scaled_dot_product_attention(q, k, v)
@@ -174,7 +175,7 @@ def test_split_views_like_gpt2_take_embers_kernel(capfd):
     qe, ke, ve = (t.view(2, 20, 4, 16).transpose(1, 2) for t in qkv_e.split(64, dim=2))
     with be.verbose(1):
         out, lse = FLASH(qe, ke, ve, 0.0, True)
-    if be.capabilities()["avx512f"]:
+    if VECTOR_KERNELS:
         assert "ember/attention" in capfd.readouterr().err
     assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
     torch.testing.assert_close(out.cpu(), out_cpu)
@@ -189,8 +190,8 @@ def test_bf16_is_computed_in_fp32_and_rounded_once(shape, mask_kind, causal, cap
     the probabilities to bf16 before P V as CPU's bf16 kernel does: CPU's
     result within bf16 rounding, as close to float64 as CPU's,
     logsumexp in fp32 as CPU's, output in bf16 laid out like CPU's."""
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's attention kernel needs AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's attention kernel needs AVX-512F or AVX2")
     b, h, lq, lk, d = shape
     q, k, v = (t.bfloat16() for t in _qkv(b, h, lq, lk, d, seed=lq + 3 * lk))
     mask = _mask(mask_kind, b, h, lq, lk)
@@ -224,8 +225,8 @@ def test_bf16_reads_its_operands_in_place_and_launches(shape, causal):
     row as it goes): no fp32 copy of Q, K or V is allocated (a decode step
     used to copy the whole KV cache to fp32), and the result is bitwise the
     one computed at the call."""
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's attention kernel needs AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's attention kernel needs AVX-512F or AVX2")
     b, h, lq, lk, d = shape
     q, k, v = (t.bfloat16().to(DEVICE) for t in _qkv(b, h, lq, lk, d, seed=5 * lk + lq))
     with be.flags(async_execution=False):

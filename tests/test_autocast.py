@@ -85,18 +85,34 @@ def _param(name: str):
     return name
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in LOWER_PRECISION])
-def test_lower_precision_op_equals_cpu_on_bfloat16_inputs(name):
+def _assert_autocast_matches(name, expected):
+    """ember's autocast result of LOWER_PRECISION[name] against `expected`:
+    bitwise, except sdpa, where ember's attention kernel computes bf16 in
+    fp32 and rounds once (tests/test_attention.py): within a bf16 rounding
+    there (on an AVX2-only CPU 6 of these 256 values were 1 bf16 ulp from
+    CPU's, near-zero ones, sums that cancel, by accumulation order), and
+    CPU's kernel bitwise under cpu_parity."""
     fn, inputs = LOWER_PRECISION[name]
     out = _run_autocast(DEVICE, fn, inputs)
     assert out.dtype == BF16
-    _assert_same(fn(*_to(inputs, dtype=BF16)), out)
+    if name == "sdpa":
+        scale = expected.abs().max().item()
+        torch.testing.assert_close(out.cpu(), expected, rtol=1.6e-2, atol=2**-8 * scale)
+        with torch.backends.ember.flags(cpu_parity=True):
+            out = _run_autocast(DEVICE, fn, inputs)
+    _assert_same(expected, out)
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in LOWER_PRECISION])
+def test_lower_precision_op_equals_cpu_on_bfloat16_inputs(name):
+    fn, inputs = LOWER_PRECISION[name]
+    _assert_autocast_matches(name, fn(*_to(inputs, dtype=BF16)))
 
 
 @pytest.mark.parametrize("name", [_param(n) for n in ALSO_CPU_LOWER_PRECISION])
 def test_lower_precision_op_equals_cpu_autocast(name):
     fn, inputs = LOWER_PRECISION[name]
-    _assert_same(_run_autocast("cpu", fn, inputs), _run_autocast(DEVICE, fn, inputs))
+    _assert_autocast_matches(name, _run_autocast("cpu", fn, inputs))
 
 
 def test_float16_autocast():

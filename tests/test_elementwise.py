@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from isa import VECTOR_KERNELS
 
 import torch_ember
 
@@ -107,8 +108,8 @@ def test_parity_is_bitwise(op):
 
 
 def test_tanh_route_is_ember_kernel(capfd):
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's vector kernels need AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's vector kernels need AVX-512F or AVX2")
     x = torch.randn(64, device=DEVICE)
     with be.verbose(1):
         torch.tanh(x)
@@ -125,8 +126,8 @@ def test_bf16_tanh_is_the_fp32_kernel_rounded_once(capfd):
     once to the nearest bf16: bitwise the fp32 kernel's result rounded, and
     within one bf16 rounding of float64 (CPU's bf16 kernel rounds the same
     way from SLEEF's fp32 tanh)."""
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's vector kernels need AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's vector kernels need AVX-512F or AVX2")
     x = torch.cat([torch.linspace(-12, 12, 100_003), torch.randn(20_000) * 1e-3])
     x = x.bfloat16()
     special = torch.tensor([0.0, -0.0, float("nan"), float("inf"), -float("inf")])
@@ -164,8 +165,8 @@ def test_gelu_tanh_accurate_where_cpus_is_not():
     results of 1e-30 included (CPU's kernel: 100+ ulp at |x| <= 3, and 0
     for a result of 1e-10 at x = -6); within CPU's own tolerance of CPU's
     result everywhere."""
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's vector kernels need AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's vector kernels need AVX-512F or AVX2")
     x = torch.cat([torch.linspace(-12, 12, 400_001), torch.randn(50_000) * 1e-3])
     out = F.gelu(x.to(DEVICE), approximate="tanh").cpu()
     ref = _gelu_tanh64(x)
@@ -177,8 +178,8 @@ def test_gelu_tanh_accurate_where_cpus_is_not():
 
 
 def test_gelu_tanh_special_values_and_route(capfd):
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's vector kernels need AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's vector kernels need AVX-512F or AVX2")
     x = torch.tensor(
         [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 1e-40, -1e-40, -30.0, 88.0]
     )
@@ -195,8 +196,8 @@ def test_gelu_tanh_special_values_and_route(capfd):
 
 
 def test_bf16_gelu_tanh_is_the_fp32_kernel_rounded_once():
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's vector kernels need AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's vector kernels need AVX-512F or AVX2")
     x = torch.cat([torch.linspace(-8, 8, 100_003), torch.randn(20_000) * 1e-3]).bfloat16()
     out = F.gelu(x.to(DEVICE), approximate="tanh").cpu()
     fp32 = F.gelu(x.float().to(DEVICE), approximate="tanh").cpu()
@@ -238,8 +239,8 @@ def _bits(t):
 
 
 def _needs_avx512():
-    if not be.capabilities()["avx512f"]:
-        pytest.skip("ember's arithmetic loop needs AVX-512F")
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's arithmetic loop needs AVX-512F or AVX2")
 
 
 @pytest.fixture

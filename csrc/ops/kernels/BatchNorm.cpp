@@ -22,7 +22,6 @@
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/ConvEpilogue.h"
 #include "ops/kernels/elementwise/ChannelAffine.h"
-#include "ops/kernels/elementwise/VectorMath.h"
 
 namespace ember::kernels {
 namespace {
@@ -48,7 +47,7 @@ enum class Layout { kPlanes, kRows };
 std::optional<Layout> inference_layout(T input, OptT weight, OptT bias,
                                        OptT running_mean, OptT running_var,
                                        bool training) {
-  if (training || flags::cpu_parity() || !vector_math_supported() ||
+  if (training || flags::cpu_parity() || !channel_affine_supported() ||
       input.scalar_type() != at::kFloat || input.dim() < 2 ||
       input.numel() == 0 || input.is_conj() || input.is_neg()) {
     return std::nullopt;

@@ -43,10 +43,10 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // dst.copy_(src) on host tensors; an fp32 NCHW <-> channels-last copy of
-// the same sizes runs ember's 16 x 16 register transposes.
+// the same sizes runs ember's register transposes.
 void host_copy(at::Tensor& dst, const at::Tensor& src) {
-  static const bool avx512 = runtime::cpu_features().avx512f;
-  const bool plain = !avx512 || flags::cpu_parity() || src.dim() != 4 ||
+  static const bool transposes = layout_transposes_supported();
+  const bool plain = !transposes || flags::cpu_parity() || src.dim() != 4 ||
                      src.scalar_type() != at::kFloat ||
                      dst.scalar_type() != at::kFloat ||
                      src.sizes() != dst.sizes() || src.is_conj() ||

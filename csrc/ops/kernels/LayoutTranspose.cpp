@@ -65,11 +65,62 @@ __attribute__((target("avx512f"))) void transpose_tile_16x16(
   for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + k * dst_stride, r[k]);
 }
 
+// One 8 x 8 tile in AVX2 registers: pairs of rows interleaved, then pairs
+// of pairs, then the 128-bit halves swapped across.
+__attribute__((target("avx2"))) void transpose_tile_8x8(const float* src,
+                                                        int64_t src_stride,
+                                                        float* dst,
+                                                        int64_t dst_stride) {
+  __m256 r[8], t[8];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+#pragma GCC unroll 4
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+  }
+  // r[0..3]: channels 0-3 (low half) and 4-7 (high) of pixels 0-3, r[4..7]
+  // the same of pixels 4-7.
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst + k * dst_stride,
+                     _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * dst_stride,
+                     _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
+}
+
 void transpose_tile_scalar(const float* src, int64_t src_stride, float* dst,
                            int64_t dst_stride, int64_t rows, int64_t cols) {
   for (int64_t p = 0; p < rows; ++p) {
     for (int64_t ch = 0; ch < cols; ++ch) {
       dst[ch * dst_stride + p] = src[p * src_stride + ch];
+    }
+  }
+}
+
+// A tile of up to 16 x 16 on AVX2: its full 8 x 8 blocks in registers,
+// the rest element by element.
+void transpose_tile_avx2(const float* src, int64_t src_stride, float* dst,
+                         int64_t dst_stride, int64_t rows, int64_t cols) {
+  for (int64_t p0 = 0; p0 < rows; p0 += 8) {
+    for (int64_t c0 = 0; c0 < cols; c0 += 8) {
+      const float* s = src + p0 * src_stride + c0;
+      float* d = dst + c0 * dst_stride + p0;
+      if (rows - p0 >= 8 && cols - c0 >= 8) {
+        transpose_tile_8x8(s, src_stride, d, dst_stride);
+      } else {
+        transpose_tile_scalar(s, src_stride, d, dst_stride,
+                              std::min<int64_t>(8, rows - p0),
+                              std::min<int64_t>(8, cols - c0));
+      }
     }
   }
 }
@@ -129,12 +180,26 @@ void im2col(const float* src, float* dst, const ConvWindow& g) {
 
 void transpose_16x16(const float* src, int64_t src_stride, float* dst,
                      int64_t dst_stride) {
-  transpose_tile_16x16(src, src_stride, dst, dst_stride);
+  static const bool avx512 = runtime::cpu_features().avx512f;
+  if (avx512) {
+    transpose_tile_16x16(src, src_stride, dst, dst_stride);
+  } else if (layout_transposes_supported()) {
+    transpose_tile_avx2(src, src_stride, dst, dst_stride, 16, 16);
+  } else {
+    transpose_tile_scalar(src, src_stride, dst, dst_stride, 16, 16);
+  }
+}
+
+bool layout_transposes_supported() {
+  static const bool supported =
+      runtime::cpu_features().avx512f || runtime::cpu_features().avx2;
+  return supported;
 }
 
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw) {
   static const bool avx512 = runtime::cpu_features().avx512f;
+  static const bool avx2 = !avx512 && layout_transposes_supported();
   // Blocks of kBlock pixels x kBlock channels, their 16 x 16 tiles channel
   // by channel: each block's reads and writes stay within a few KB of rows,
   // in either direction of use (the row-by-row order ran 3x slower for a
@@ -157,6 +222,9 @@ void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
           const int64_t rows = std::min(kTile, hw - p0);
           if (avx512 && rows == kTile && cols == kTile) {
             transpose_tile_16x16(s + p0 * c + c0, c, d + c0 * hw + p0, hw);
+          } else if (avx2) {
+            transpose_tile_avx2(s + p0 * c + c0, c, d + c0 * hw + p0, hw, rows,
+                                cols);
           } else {
             transpose_tile_scalar(s + p0 * c + c0, c, d + c0 * hw + p0, hw,
                                   rows, cols);

@@ -39,8 +39,12 @@ struct ConvWindow {
 // src[c][oy*sh - ph + ky*dh][ox*sw - pw + kx*dw], zero outside the image.
 void im2col(const float* src, float* dst, const ConvWindow& window);
 
+// Whether the transposes run in registers here (AVX-512F: 16 x 16 tiles;
+// AVX2: 8 x 8 ones). Elsewhere they are element by element.
+bool layout_transposes_supported();
+
 // dst[j * dst_stride + i] = src[i * src_stride + j] for i, j < 16, in
-// AVX-512 registers (callers check runtime::cpu_features().avx512f).
+// registers where layout_transposes_supported().
 void transpose_16x16(const float* src, int64_t src_stride, float* dst,
                      int64_t dst_stride);
 

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "ember/runtime/cpu_features.h"
 #include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/ParallelChunks.h"
@@ -30,8 +31,8 @@ uint32_t rounded_bf16_bits(uint32_t bits) {
   return (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
 }
 
-__attribute__((target("avx512f"))) void round_to_bf16(float* values,
-                                                      int64_t n) {
+__attribute__((target("avx512f"))) void round_to_bf16_avx512(float* values,
+                                                             int64_t n) {
   const __m512i bias = _mm512_set1_epi32(0x7fff);
   const __m512i one = _mm512_set1_epi32(1);
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
@@ -53,8 +54,9 @@ __attribute__((target("avx512f"))) void round_to_bf16(float* values,
 
 // out[i] = the fp32 value of the bf16 bits in[i] (exact: bf16 is fp32's top
 // half).
-__attribute__((target("avx512f"))) void widen_bf16(const uint16_t* in,
-                                                   float* out, int64_t n) {
+__attribute__((target("avx512f"))) void widen_bf16_avx512(const uint16_t* in,
+                                                          float* out,
+                                                          int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
     const __m512i wide = _mm512_cvtepu16_epi32(
@@ -62,6 +64,31 @@ __attribute__((target("avx512f"))) void widen_bf16(const uint16_t* in,
     _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
   }
   for (; i < n; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(&out[i], &bits, sizeof bits);
+  }
+}
+
+// The two conversions above; without AVX-512 element by element (bf16
+// attention is rare where the CPU has no bf16 arithmetic).
+bool avx512_kernels() {
+  static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
+
+void round_to_bf16(float* values, int64_t n) {
+  if (avx512_kernels()) return round_to_bf16_avx512(values, n);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof bits);
+    bits = rounded_bf16_bits(bits);
+    std::memcpy(&values[i], &bits, sizeof bits);
+  }
+}
+
+void widen_bf16(const uint16_t* in, float* out, int64_t n) {
+  if (avx512_kernels()) return widen_bf16_avx512(in, out, n);
+  for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;
     std::memcpy(&out[i], &bits, sizeof bits);
   }

@@ -2,15 +2,14 @@
 // aten::_scaled_dot_product_flash_attention_for_cpu on ember).
 //
 // Work is split over (batch, head). With 16 or more query rows, K^T and V
-// are packed once per head into the panel layout of ember's AVX-512 skinny
-// GEMM, and each block of 16 query rows does S = scale * Q K^T + mask over
-// the keys it can see (causal blocks stop at their last row), a row softmax
-// with ember's vector exp, and O = P V. With fewer rows (decode), one dot
-// product per key and one scaled row of V per key, straight from the
-// operands. CPU's flash kernel tiles the keys too and rescales as it goes
-// (online softmax) with small MKL GEMMs per tile; at the sequence lengths of
-// the suite's models a whole row of keys fits in cache, so rows are done in
-// one pass.
+// are packed once per head into the panel layout of ember's skinny GEMM, and
+// each block of 16 query rows does S = scale * Q K^T + mask over the keys it
+// can see (causal blocks stop at their last row), a row softmax with ember's
+// vector exp, and O = P V. With fewer rows (decode), one dot product per key
+// and one scaled row of V per key, straight from the operands. CPU's flash
+// kernel tiles the keys too and rescales as it goes (online softmax) with small
+// MKL GEMMs per tile; at the sequence lengths of the suite's models a whole row
+// of keys fits in cache, so rows are done in one pass.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +43,7 @@ struct Problem {
   int64_t lse_batch_stride = 0, lse_head_stride = 0, lse_row_stride = 0;
 };
 
-// Whether the kernel can run here (AVX-512F).
+// Whether the kernel can run here (AVX-512F, or AVX2 + FMA).
 bool supported();
 
 // Sizes the kernel takes.

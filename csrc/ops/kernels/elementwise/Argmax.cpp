@@ -20,7 +20,6 @@
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/OpLayouts.h"
 #include "ops/kernels/elementwise/RowArgmax.h"
-#include "ops/kernels/elementwise/VectorMath.h"
 
 namespace ember::kernels {
 namespace {
@@ -29,7 +28,7 @@ namespace {
 // kernel runs instead.
 std::optional<int64_t> row_length(const at::Tensor& self,
                                   std::optional<int64_t> dim) {
-  if (flags::cpu_parity() || !vector_math_supported()) return std::nullopt;
+  if (flags::cpu_parity() || !row_argmax_supported()) return std::nullopt;
   if ((self.scalar_type() != at::kFloat &&
        self.scalar_type() != at::kBFloat16) ||
       !self.is_contiguous() || self.numel() == 0 || self.is_conj() ||

@@ -1,12 +1,15 @@
 // out = in * scale[c] + shift[c] per channel c over fp32 images: batch
 // norm's inference transform (scale and shift folded from the running
-// statistics, the weight and the bias). One pass over the data, AVX-512;
-// plain C++, no torch types.
+// statistics, the weight and the bias). One pass over the data, AVX-512F
+// or AVX2 + FMA (the same bits); plain C++, no torch types.
 #pragma once
 
 #include <cstdint>
 
 namespace ember::kernels {
+
+// Whether this CPU runs the kernels below (AVX-512F, or AVX2 + FMA).
+bool channel_affine_supported();
 
 // Batch norm's inference terms per channel, as CPU folds them:
 // scale = weight / sqrt(var + eps), shift = bias - mean * scale (weight,

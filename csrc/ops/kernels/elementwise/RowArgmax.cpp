@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 
+#include "ember/runtime/cpu_features.h"
 #include "ops/kernels/ParallelChunks.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
@@ -128,6 +129,11 @@ void for_each_row(const T* rows, int64_t row_count, int64_t n, int64_t* out) {
 }
 
 }  // namespace
+
+bool row_argmax_supported() {
+  static const bool supported = runtime::cpu_features().avx512f;
+  return supported;
+}
 
 void row_argmax_f32(const float* rows, int64_t row_count, int64_t n,
                     int64_t* out) {

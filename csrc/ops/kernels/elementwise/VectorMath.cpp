@@ -8,6 +8,7 @@
 
 #include "ember/runtime/cpu_features.h"
 #include "ops/kernels/ParallelChunks.h"
+#include "ops/kernels/elementwise/VectorMathAvx2.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (_mm512_undefined_*) as uninitialised.
@@ -185,9 +186,8 @@ void map_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
   });
 }
 
-}  // namespace
-
-__attribute__((target("avx512f"))) float max_f32(const float* row, int64_t n) {
+__attribute__((target("avx512f"))) float max_f32_avx512(const float* row,
+                                                        int64_t n) {
   __m512 best = _mm512_set1_ps(-INFINITY);
   __mmask16 nan = 0;
   int64_t i = 0;
@@ -206,9 +206,9 @@ __attribute__((target("avx512f"))) float max_f32(const float* row, int64_t n) {
   return nan ? NAN : _mm512_reduce_max_ps(best);
 }
 
-__attribute__((target("avx512f"))) float add_max_f32(float* row,
-                                                     const float* addend,
-                                                     int64_t n) {
+__attribute__((target("avx512f"))) float add_max_f32_avx512(float* row,
+                                                            const float* addend,
+                                                            int64_t n) {
   __m512 best = _mm512_set1_ps(-INFINITY);
   __mmask16 nan = 0;
   for (int64_t i = 0; i < n; i += 16) {
@@ -224,8 +224,10 @@ __attribute__((target("avx512f"))) float add_max_f32(float* row,
   return nan ? NAN : _mm512_reduce_max_ps(best);
 }
 
-__attribute__((target("avx512f"))) void scale_f32(const float* in, float factor,
-                                                  float* out, int64_t n) {
+__attribute__((target("avx512f"))) void scale_f32_avx512(const float* in,
+                                                         float factor,
+                                                         float* out,
+                                                         int64_t n) {
   const __m512 f = _mm512_set1_ps(factor);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16
@@ -236,9 +238,8 @@ __attribute__((target("avx512f"))) void scale_f32(const float* in, float factor,
   }
 }
 
-__attribute__((target("avx512f"))) float exp_shifted_sum_f32(float* row,
-                                                             int64_t n,
-                                                             float shift) {
+__attribute__((target("avx512f"))) float exp_shifted_sum_f32_avx512(
+    float* row, int64_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   // exp of x - shift <= 0; below -87 the result is 0 (or denormal), so
   // clamp there (exp_ps's range) and flush.
@@ -263,8 +264,9 @@ __attribute__((target("avx512f"))) float exp_shifted_sum_f32(float* row,
   return _mm512_reduce_add_ps(sum);
 }
 
-__attribute__((target("avx512f"))) float dot_f32(const float* a, const float* b,
-                                                 int64_t n) {
+__attribute__((target("avx512f"))) float dot_f32_avx512(const float* a,
+                                                        const float* b,
+                                                        int64_t n) {
   __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -283,7 +285,7 @@ __attribute__((target("avx512f"))) float dot_f32(const float* a, const float* b,
   return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
-__attribute__((target("avx512f"))) void weighted_row_sum_f32(
+__attribute__((target("avx512f"))) void weighted_row_sum_f32_avx512(
     const float* weights, int64_t n, const float* rows, int64_t row_stride,
     float* out, int64_t width) {
   for (int64_t c0 = 0; c0 < width; c0 += 64) {
@@ -312,25 +314,69 @@ __attribute__((target("avx512f"))) void weighted_row_sum_f32(
   }
 }
 
-bool vector_math_supported() {
+bool avx512_kernels() {
   static const bool supported = runtime::cpu_features().avx512f;
   return supported;
 }
 
+}  // namespace
+
+bool vector_math_supported() {
+  static const bool supported =
+      avx512_kernels() ||
+      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
+  return supported;
+}
+
 void tanh_f32(const float* in, float* out, int64_t n) {
+  if (!avx512_kernels()) return avx2::tanh_f32(in, out, n);
   map_f32<tanh_ps>(in, out, n);
 }
 
 void tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  if (!avx512_kernels()) return avx2::tanh_bf16(in, out, n);
   map_bf16<tanh_ps>(in, out, n);
 }
 
 void gelu_tanh_f32(const float* in, float* out, int64_t n) {
+  if (!avx512_kernels()) return avx2::gelu_tanh_f32(in, out, n);
   map_f32<gelu_tanh_ps>(in, out, n);
 }
 
 void gelu_tanh_bf16(const uint16_t* in, uint16_t* out, int64_t n) {
+  if (!avx512_kernels()) return avx2::gelu_tanh_bf16(in, out, n);
   map_bf16<gelu_tanh_ps>(in, out, n);
+}
+
+float max_f32(const float* row, int64_t n) {
+  return avx512_kernels() ? max_f32_avx512(row, n) : avx2::max_f32(row, n);
+}
+
+float add_max_f32(float* row, const float* addend, int64_t n) {
+  return avx512_kernels() ? add_max_f32_avx512(row, addend, n)
+                          : avx2::add_max_f32(row, addend, n);
+}
+
+float exp_shifted_sum_f32(float* row, int64_t n, float shift) {
+  return avx512_kernels() ? exp_shifted_sum_f32_avx512(row, n, shift)
+                          : avx2::exp_shifted_sum_f32(row, n, shift);
+}
+
+void scale_f32(const float* in, float factor, float* out, int64_t n) {
+  if (!avx512_kernels()) return avx2::scale_f32(in, factor, out, n);
+  scale_f32_avx512(in, factor, out, n);
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  return avx512_kernels() ? dot_f32_avx512(a, b, n) : avx2::dot_f32(a, b, n);
+}
+
+void weighted_row_sum_f32(const float* weights, int64_t n, const float* rows,
+                          int64_t row_stride, float* out, int64_t width) {
+  if (!avx512_kernels()) {
+    return avx2::weighted_row_sum_f32(weights, n, rows, row_stride, out, width);
+  }
+  weighted_row_sum_f32_avx512(weights, n, rows, row_stride, out, width);
 }
 
 }  // namespace ember::kernels

@@ -234,9 +234,11 @@ static_assert(kScratchColumns == kChannelEpilogueColumns);
 
 }  // namespace
 
+namespace {
+
 // A row's columns stay in registers through every step; the step's kind is
 // decided once per row.
-__attribute__((target("avx512f"))) void apply_channel_epilogue(
+__attribute__((target("avx512f"))) void apply_channel_epilogue_avx512(
     const ChannelEpilogue& e, const float* product, int64_t ld, int64_t at,
     int64_t ldo, int64_t row0, int64_t rows, int64_t columns) {
   using Kind = ChannelEpilogueStep::Kind;
@@ -308,9 +310,76 @@ __attribute__((target("avx512f"))) void apply_channel_epilogue(
   }
 }
 
+// The same steps for AVX2 + FMA CPUs, 8 columns a vector. kAffine is one
+// fused multiply-add there, as CPU's AVX2 batch-norm kernel computes it
+// (elementwise/ChannelAffine.cpp): each step keeps its op's bits on either
+// ISA.
+__attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
+    const ChannelEpilogue& e, const float* product, int64_t ld, int64_t at,
+    int64_t ldo, int64_t row0, int64_t rows, int64_t columns) {
+  using Kind = ChannelEpilogueStep::Kind;
+  constexpr int kVectors = (kScratchColumns + 7) / 8;
+  const int vectors = static_cast<int>((columns + 7) / 8);
+  __m256i mask[kVectors];
+  for (int j = 0; j < kVectors; ++j) mask[j] = lane_mask(columns - j * 8);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* p = product + i * ld;
+    const int64_t row_at = at + i * ldo;
+    __m256 v[kVectors];
+    for (int j = 0; j < vectors; ++j) {
+      v[j] = _mm256_maskload_ps(p + j * 8, mask[j]);
+    }
+    for (int s = 0; s < e.count; ++s) {
+      const ChannelEpilogueStep& step = e.steps[s];
+      switch (step.kind) {
+        case Kind::kAffine: {
+          const __m256 scale = _mm256_set1_ps(step.scale[row0 + i]);
+          const __m256 shift = _mm256_set1_ps(step.shift[row0 + i]);
+          for (int j = 0; j < vectors; ++j) {
+            v[j] = _mm256_fmadd_ps(v[j], scale, shift);
+          }
+          break;
+        }
+        case Kind::kAdd: {
+          const float* addend = step.addend + row_at;
+          for (int j = 0; j < vectors; ++j) {
+            v[j] = _mm256_add_ps(v[j],
+                                 _mm256_maskload_ps(addend + j * 8, mask[j]));
+          }
+          break;
+        }
+        case Kind::kRelu: {
+          for (int j = 0; j < vectors; ++j) {
+            v[j] = _mm256_max_ps(_mm256_setzero_ps(), v[j]);
+          }
+          break;
+        }
+      }
+      if (step.out != nullptr) {
+        float* out = step.out + row_at;
+        for (int j = 0; j < vectors; ++j) {
+          _mm256_maskstore_ps(out + j * 8, mask[j], v[j]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void apply_channel_epilogue(const ChannelEpilogue& e, const float* product,
+                            int64_t ld, int64_t at, int64_t ldo, int64_t row0,
+                            int64_t rows, int64_t columns) {
+  if (avx512_panel_tiles()) {
+    apply_channel_epilogue_avx512(e, product, ld, at, ldo, row0, rows, columns);
+  } else {
+    apply_channel_epilogue_avx2(e, product, ld, at, ldo, row0, rows, columns);
+  }
+}
+
 bool channel_gemm_supported() { return panel_tiles_supported(); }
 
-bool channel_epilogues_supported() { return avx512_panel_tiles(); }
+bool channel_epilogues_supported() { return panel_tiles_supported(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
   static const BlockTable<Avx512Block> avx512_kernels;
@@ -320,7 +389,6 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
   const auto pack = avx512 ? &pack_columns : &pack_columns_avx2;
   const ChannelEpilogue* epilogue =
       a.epilogue != nullptr && a.epilogue->count > 0 ? a.epilogue : nullptr;
-  TORCH_INTERNAL_ASSERT(epilogue == nullptr || avx512);
   // Pixels past the last full panel taken by dot products (none when the
   // image is narrower than one panel or the rest needs a panel anyway; the
   // dot kernel is AVX-512's only).

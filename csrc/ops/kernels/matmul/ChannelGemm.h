@@ -3,25 +3,26 @@
 // NCHW image is exactly this (K input channels, N = H*W pixels, M output
 // channels), so it runs on the image's own layout: oneDNN's convolution
 // wants channels-last and pays two re-layouts per call on NCHW tensors.
-// Plain C++ with AVX-512 intrinsics; no torch types.
+// Plain C++ with AVX-512 or AVX2 + FMA intrinsics; no torch types.
 #pragma once
 
 #include <cstdint>
 
 namespace ember::matmul {
 
-// Whether this CPU runs the kernel (AVX-512F). Decided once from CPUID.
+// Whether this CPU runs the kernel (AVX-512F, or AVX2 + FMA). Decided once
+// from CPUID.
 bool channel_gemm_supported();
-// Whether it applies epilogues (AVX-512F).
+// Whether it applies epilogues (the same CPUs).
 bool channel_epilogues_supported();
 
 // Elementwise steps applied to each block of the product while it is in
 // cache (a convolution's batch norm, residual add and ReLU), each with the
 // arithmetic of the op's own kernel, so the bits are those of the ops run
-// one after another. AVX-512F only (epilogues_supported()).
+// one after another on this CPU (channel_epilogues_supported()).
 struct ChannelEpilogueStep {
   enum class Kind : uint8_t {
-    kAffine,  // v * scale[row] + shift[row] (a multiply, then an add)
+    kAffine,  // v * scale[row] + shift[row], as batch norm's kernel rounds
     kAdd,     // v + addend (same layout as out)
     kRelu,    // max(0, v)
   };
@@ -50,7 +51,7 @@ inline constexpr int64_t kChannelEpilogueColumns = 52;
 // of a product block at `product` (row stride ld), whose place in out's
 // layout is element `at` (first output row, i.e. channel, `row0`; row
 // stride ldo). For kernels that compute outputs of this layout otherwise
-// (conv/WinogradF2x3.h). AVX-512F only.
+// (conv/WinogradF2x3.h).
 void apply_channel_epilogue(const ChannelEpilogue& e, const float* product,
                             int64_t ld, int64_t at, int64_t ldo, int64_t row0,
                             int64_t rows, int64_t columns);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/Avx2Lanes.h"
 
 namespace ember::matmul {
 
@@ -111,12 +112,7 @@ accumulate_panel_tile_avx2(const float* a, int64_t lda, int64_t k,
   }
 }
 
-// The sign-bit mask of maskload/maskstore for the first `live` of 8 lanes.
-__attribute__((target("avx2"), always_inline)) inline __m256i lane_mask(
-    int64_t live) {
-  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(live)), lanes);
-}
+using kernels::lane_mask;
 
 // A kRows x kPanels block (the AVX-512 kernels' shape) as AVX2 tiles of at
 // most 6 rows and 12 accumulators, each over the whole K: every element is
