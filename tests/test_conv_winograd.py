@@ -13,7 +13,7 @@ leaves to oneDNN.
 import pytest
 import torch
 import torch.nn.functional as F
-from isa import VECTOR_KERNELS
+from isa import AVX512
 from test_conv_epilogue import _bn
 
 import torch_ember
@@ -24,7 +24,7 @@ be = torch.backends.ember
 
 pytestmark = [
     pytest.mark.usefixtures("empty_caches"),
-    pytest.mark.skipif(not VECTOR_KERNELS, reason="the Winograd kernels need AVX-512F or AVX2"),
+    pytest.mark.skipif(not AVX512, reason="the Winograd kernels need AVX-512F"),
 ]
 
 # Each of the input transform's 16 values adds up to 4 inputs, each output

@@ -5,9 +5,7 @@
 
 #include <algorithm>
 
-#include "ember/runtime/cpu_features.h"
 #include "ops/kernels/AlignedFloats.h"
-#include "ops/kernels/Avx2Lanes.h"
 #include "ops/kernels/matmul/ChannelGemm.h"
 
 namespace ember::conv {
@@ -168,126 +166,6 @@ __attribute__((target("avx512f"))) void transform_output_plane(
   }
 }
 
-// --- The same two transforms for AVX2 + FMA CPUs: 8 tiles at a time, the
-// same additions in the same order (the same bits).
-
-// 8 even- and odd-indexed floats of 16 consecutive ones (a: the first 8,
-// b: the next 8), in order.
-__attribute__((target("avx2"))) inline void deinterleave(__m256 a, __m256 b,
-                                                         __m256& even,
-                                                         __m256& odd) {
-  even = _mm256_castpd_ps(_mm256_permute4x64_pd(
-      _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))),
-      0xd8));
-  odd = _mm256_castpd_ps(_mm256_permute4x64_pd(
-      _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))),
-      0xd8));
-}
-
-__attribute__((target("avx2"))) void transform_input_plane_avx2(
-    const float* padded, int64_t stride, const WinogradGeometry& g,
-    int64_t first_tile, int64_t position_stride, float* v) {
-  const int64_t tiles_w = g.tiles_w();
-  for (int64_t ty = 0; ty < g.tiles_h(); ++ty) {
-    for (int64_t t0 = 0; t0 < tiles_w; t0 += 8) {
-      __m256 d[4][4];
-      for (int i = 0; i < 4; ++i) {
-        const float* row = padded + (2 * ty + i) * stride + 2 * t0;
-        deinterleave(_mm256_loadu_ps(row), _mm256_loadu_ps(row + 8), d[i][0],
-                     d[i][1]);
-        deinterleave(_mm256_loadu_ps(row + 2), _mm256_loadu_ps(row + 10),
-                     d[i][2], d[i][3]);
-      }
-      __m256 t[4][4];
-      for (int j = 0; j < 4; ++j) {  // B^T d
-        t[0][j] = _mm256_sub_ps(d[0][j], d[2][j]);
-        t[1][j] = _mm256_add_ps(d[1][j], d[2][j]);
-        t[2][j] = _mm256_sub_ps(d[2][j], d[1][j]);
-        t[3][j] = _mm256_sub_ps(d[1][j], d[3][j]);
-      }
-      const __m256i mask = kernels::lane_mask(tiles_w - t0);
-      float* out = v + first_tile + ty * tiles_w + t0;
-      for (int i = 0; i < 4; ++i) {  // (B^T d) B
-        const __m256 row[4] = {
-            _mm256_sub_ps(t[i][0], t[i][2]), _mm256_add_ps(t[i][1], t[i][2]),
-            _mm256_sub_ps(t[i][2], t[i][1]), _mm256_sub_ps(t[i][1], t[i][3])};
-        for (int j = 0; j < 4; ++j) {
-          _mm256_maskstore_ps(out + (4 * i + j) * position_stride, mask,
-                              row[j]);
-        }
-      }
-    }
-  }
-}
-
-// Up to 16 values of an output row (8 tiles' two columns): stored, and/or
-// given to the epilogue.
-__attribute__((target("avx2"))) void store_row_avx2(float* row, __m256 low,
-                                                    __m256 high,
-                                                    int64_t columns,
-                                                    const PlaneEpilogue& e,
-                                                    int64_t row_at) {
-  if (e.steps == nullptr || e.steps->store_product) {
-    _mm256_maskstore_ps(row, kernels::lane_mask(columns), low);
-    if (columns > 8) {
-      _mm256_maskstore_ps(row + 8, kernels::lane_mask(columns - 8), high);
-    }
-  }
-  if (e.steps != nullptr) {
-    alignas(32) float values[16];
-    _mm256_store_ps(values, low);
-    _mm256_store_ps(values + 8, high);
-    matmul::apply_channel_epilogue(*e.steps, values, 16, row_at, 0, e.k, 1,
-                                   std::min<int64_t>(columns, 16));
-  }
-}
-
-__attribute__((target("avx2"))) void transform_output_plane_avx2(
-    const float* m, int64_t position_stride, const WinogradGeometry& g,
-    int64_t first_tile, float bias, float* out, const PlaneEpilogue& e) {
-  const int64_t tiles_w = g.tiles_w(), out_h = g.out_h(), out_w = g.out_w();
-  const __m256 b = _mm256_set1_ps(bias);
-  for (int64_t ty = 0; ty < g.tiles_h(); ++ty) {
-    for (int64_t t0 = 0; t0 < tiles_w; t0 += 8) {
-      const __m256i mask = kernels::lane_mask(tiles_w - t0);
-      const float* in = m + first_tile + ty * tiles_w + t0;
-      __m256 s[2][4];
-      for (int j = 0; j < 4; ++j) {  // A^T M
-        const __m256 m0 = _mm256_maskload_ps(in + j * position_stride, mask);
-        const __m256 m1 =
-            _mm256_maskload_ps(in + (4 + j) * position_stride, mask);
-        const __m256 m2 =
-            _mm256_maskload_ps(in + (8 + j) * position_stride, mask);
-        const __m256 m3 =
-            _mm256_maskload_ps(in + (12 + j) * position_stride, mask);
-        s[0][j] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
-        s[1][j] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
-      }
-      const int64_t columns = out_w - 2 * t0;
-      for (int r = 0; r < 2; ++r) {  // (A^T M) A
-        const int64_t y = 2 * ty + r;
-        if (y >= out_h) break;
-        const __m256 left = _mm256_add_ps(
-            _mm256_add_ps(_mm256_add_ps(s[r][0], s[r][1]), s[r][2]), b);
-        const __m256 right = _mm256_add_ps(
-            _mm256_sub_ps(_mm256_sub_ps(s[r][1], s[r][2]), s[r][3]), b);
-        // Each tile's two columns side by side: 16 consecutive floats.
-        const __m256 lo = _mm256_unpacklo_ps(left, right);
-        const __m256 hi = _mm256_unpackhi_ps(left, right);
-        store_row_avx2(out + y * out_w + 2 * t0,
-                       _mm256_permute2f128_ps(lo, hi, 0x20),
-                       _mm256_permute2f128_ps(lo, hi, 0x31), columns, e,
-                       e.plane_at + y * out_w + 2 * t0);
-      }
-    }
-  }
-}
-
-bool avx512_kernels() {
-  static const bool supported = runtime::cpu_features().avx512f;
-  return supported;
-}
-
 // Images are transformed and multiplied in groups of at most this many
 // floats of V and M together (8 MiB; ResNet-50's largest layer needs 1.6 M
 // per image), at least one image per group. The calling thread keeps its
@@ -298,9 +176,7 @@ constexpr int64_t kKeptFloats = winograd_group_floats;
 }  // namespace
 
 bool winograd_supported() {
-  static const bool supported =
-      avx512_kernels() ||
-      (runtime::cpu_features().avx2 && runtime::cpu_features().fma);
+  static const bool supported = __builtin_cpu_supports("avx512f");
   return supported;
 }
 
@@ -353,15 +229,9 @@ void winograd_group(const WinogradGeometry& g, const float* input,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t image = task / c_count, c = task % c_count;
       padded.fill(input + task * in_plane, g, plane);
-      if (avx512_kernels()) {
-        transform_input_plane(plane, padded.stride, g,
-                              c * tiles + image * tiles_per_image,
-                              c_count * tiles, v);
-      } else {
-        transform_input_plane_avx2(plane, padded.stride, g,
-                                   c * tiles + image * tiles_per_image,
-                                   c_count * tiles, v);
-      }
+      transform_input_plane(plane, padded.stride, g,
+                            c * tiles + image * tiles_per_image,
+                            c_count * tiles, v);
     }
   });
   for (int xi = 0; xi < 16; ++xi) {
@@ -381,18 +251,10 @@ void winograd_group(const WinogradGeometry& g, const float* input,
   at::parallel_for(0, g.images * k_count, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; ++task) {
       const int64_t image = task / k_count, k = task % k_count;
-      const float b = bias != nullptr ? bias[k] : 0.0f;
-      if (avx512_kernels()) {
-        transform_output_plane(
-            m, k_count * tiles, g, k * tiles + image * tiles_per_image, b,
-            out + task * out_plane,
-            PlaneEpilogue{epilogue, k, out_at + task * out_plane});
-      } else {
-        transform_output_plane_avx2(
-            m, k_count * tiles, g, k * tiles + image * tiles_per_image, b,
-            out + task * out_plane,
-            PlaneEpilogue{epilogue, k, out_at + task * out_plane});
-      }
+      transform_output_plane(
+          m, k_count * tiles, g, k * tiles + image * tiles_per_image,
+          bias != nullptr ? bias[k] : 0.0f, out + task * out_plane,
+          PlaneEpilogue{epilogue, k, out_at + task * out_plane});
     }
   });
   v_buffer.release_above(kKeptFloats);

@@ -15,8 +15,7 @@
 // and subtract inputs and products before and after the sums over
 // channels): a few float32 ulps of the output's magnitude. Every element is
 // computed in the same order whatever the thread count (reproducible run to
-// run). Plain C++ with AVX-512 or AVX2 intrinsics (the same bits); no
-// torch types.
+// run). Plain C++ with AVX-512 intrinsics; no torch types.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +24,7 @@
 
 namespace ember::conv {
 
-// Whether this CPU runs the kernels (AVX-512F, or AVX2 + FMA). Decided once
-// from CPUID.
+// Whether this CPU runs the kernels (AVX-512F). Decided once from CPUID.
 bool winograd_supported();
 
 struct WinogradGeometry {

@@ -379,6 +379,8 @@ void apply_channel_epilogue(const ChannelEpilogue& e, const float* product,
 
 bool channel_gemm_supported() { return panel_tiles_supported(); }
 
+bool channel_gemm_dot_tails() { return avx512_panel_tiles(); }
+
 bool channel_epilogues_supported() { return panel_tiles_supported(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
