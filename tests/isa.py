@@ -7,12 +7,13 @@ import torch_ember  # noqa: F401  (registers torch.backends.ember)
 
 _caps = torch.backends.ember.capabilities()
 
-# AVX-512F: ember's pooling, argmax and Winograd kernels (an AVX2 port of the
+# AVX-512F: ember's argmax and Winograd kernels (an AVX2 port of the
 # Winograd route ran ResNet-50's 3x3 layers 1.2-1.7x slower than oneDNN's
 # on an AMD Zen 3 host, so AVX2 CPUs keep oneDNN there).
 AVX512 = bool(_caps["avx512f"])
 # ember's elementwise (arithmetic, tanh, GELU, chains), batch-norm,
-# attention and convolution-epilogue kernels: AVX-512F, or AVX2 + FMA.
+# attention, convolution-epilogue and max-pooling kernels: AVX-512F, or
+# AVX2 + FMA.
 VECTOR_KERNELS = AVX512 or bool(_caps["avx2"] and _caps["fma"])
 # The panel GEMMs (skinny, tall, 1x1 convolution): AVX-512F, or AVX2 + FMA.
 PANEL_GEMM = AVX512 or bool(_caps["avx2"] and _caps["fma"])

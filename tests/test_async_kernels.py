@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from async_helpers import SLEEP, launched_count, sleep_on_stream
-from isa import AVX512
+from isa import VECTOR_KERNELS
 
 import torch_ember
 
@@ -148,7 +148,9 @@ def _assert_launched_like_synchronous(fn, unit):
         ("max_pool_with_indices", "aten::max_pool2d_with_indices"),
     ],
 )
-@pytest.mark.skipif(not AVX512, reason="ember's batch-norm and pooling kernels need AVX-512F")
+@pytest.mark.skipif(
+    not VECTOR_KERNELS, reason="ember's batch-norm and pooling kernels need AVX-512F or AVX2"
+)
 def test_inference_batch_norm_and_max_pool_are_launched(name, unit):
     torch.manual_seed(0)
     x = torch.randn(2, 6, 9, 11).to("ember")
