@@ -9,7 +9,8 @@
 
 namespace ember::kernels {
 
-// Whether the vector kernels can run here (AVX-512F).
+// Whether the vector kernels can run here (AVX-512F, or AVX2 + FMA:
+// VectorMathAvx2.h).
 bool vector_math_supported();
 
 // out[i] = tanh(in[i]) for i < n; `in` and `out` may be the same array.
