@@ -1,6 +1,12 @@
 # The two commands that matter: `make demo` and `make test`. Both set up
 # everything they need (see scripts/setup.sh).
 PY := .venv/bin/python
+# pytest runs in this many processes (pytest-xdist), a test file per process
+# at a time (module fixtures run once): on 2 cores the suite takes ~0.6x the
+# time of one process, most of it spent in subprocesses and Python, not
+# kernels. PYTEST_WORKERS=0 runs it in this process (pdb, -x).
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 .PHONY: setup build demo test test-cpp test-py test-async test-sync bench-overhead lint format clean
 
@@ -12,22 +18,22 @@ demo: setup
 
 test: setup
 	cd build && ctest --output-on-failure
-	EMBER_DEVICES=2 $(PY) -m pytest -q tests
+	EMBER_DEVICES=2 $(PYTEST) tests
 
 test-cpp: setup
 	cd build && ctest --output-on-failure
 
 test-py: setup
-	EMBER_DEVICES=2 $(PY) -m pytest -q tests
+	EMBER_DEVICES=2 $(PYTEST) tests
 
 # The whole pytest suite with asynchronous execution forced on (the default
 # from 2 cores, so CI runs it that way; this also covers 1-core machines) or
 # forced off (the synchronous engine, every op at its call). Not in CI (time).
 test-async: setup
-	EMBER_ASYNC=1 EMBER_DEVICES=2 $(PY) -m pytest -q tests
+	EMBER_ASYNC=1 EMBER_DEVICES=2 $(PYTEST) tests
 
 test-sync: setup
-	EMBER_ASYNC=0 EMBER_DEVICES=2 $(PY) -m pytest -q tests
+	EMBER_ASYNC=0 EMBER_DEVICES=2 $(PYTEST) tests
 
 bench-overhead: setup
 	$(PY) benchmarks/op_overhead.py
