@@ -17,7 +17,8 @@ AVX512 = bool(_caps["avx512f"])
 VECTOR_KERNELS = AVX512 or bool(_caps["avx2"] and _caps["fma"])
 # The panel GEMMs (skinny, tall, 1x1 convolution): AVX-512F, or AVX2 + FMA.
 PANEL_GEMM = AVX512 or bool(_caps["avx2"] and _caps["fma"])
-# bf16 arithmetic (VDPBF16PS or AMX): where "medium" precision computes in bf16.
+# bf16 arithmetic (VDPBF16PS or AMX): where "medium" precision computes in bf16
+# (elsewhere only skinny GEMMs do, on bf16 panels widened to fp32).
 NATIVE_BF16 = bool(_caps["avx512_bf16"] or _caps["amx_bf16"])
 # ATen's oneDNN matmul and bf16 entry points (mkldnn_matmul, the bf16 weight
 # reorder and convolution) refuse CPUs without AVX512BW/VL/DQ.

@@ -125,17 +125,24 @@ def test_cpu_parity_from_environment(run_python):
     assert run_python(code, env={"EMBER_CPU_PARITY": None}).stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("m", [1, 3, 16])
-def test_medium_precision_streams_bf16_panels(m, capfd):
-    """Under "medium", skinny GEMMs use bf16 panels: the result is the exact
-    product of bf16-rounded operands, summed in fp32."""
-    if not be.capabilities()["avx512_bf16"]:
-        pytest.skip("no AVX512_BF16 on this CPU")
-    torch.manual_seed(m)
-    k, n = 200, 70
+@pytest.mark.parametrize("setting", ["medium", "bf16"])
+@pytest.mark.parametrize(("m", "k", "n"), [(1, 200, 70), (3, 200, 70), (16, 200, 70), (5, 769, 33)])
+def test_medium_precision_streams_bf16_panels(setting, m, k, n, capfd):
+    """Under "medium" (or an explicit "bf16"), skinny GEMMs use bf16 panels:
+    the result is the exact product of bf16-rounded operands, summed in fp32.
+    On AVX2 CPUs too (no bf16 arithmetic: the panels are widened to fp32 in
+    registers), where "medium" leaves every other GEMM in fp32."""
+    if not PANEL_GEMM:
+        pytest.skip("the panel GEMMs need AVX-512F or AVX2 + FMA")
+    torch.manual_seed(m + k)
     lin = torch.nn.Linear(k, n).to(DEVICE)
     x = torch.randn(m, k, device=DEVICE)
-    torch.set_float32_matmul_precision("medium")
+    if setting == "medium":
+        torch.set_float32_matmul_precision("medium")
+        expected = "bf16" if NATIVE_BF16 else "ieee"
+        assert be.matmul.effective_fp32_precision == expected
+    else:
+        be.matmul.fp32_precision = "bf16"
     with be.verbose(1):
         for _ in range(2):
             out = lin(x)

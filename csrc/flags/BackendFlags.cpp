@@ -191,6 +191,11 @@ Fp32Precision conv_fp32_precision() {
 bool matmul_fp32_precision_is_set() {
   return g_matmul_precision.load(std::memory_order_relaxed) != kFollowGlobal;
 }
+bool matmul_medium_from_torch() {
+  return !matmul_fp32_precision_is_set() &&
+         at::globalContext().float32MatmulPrecision() ==
+             at::Float32MatmulPrecision::MEDIUM;
+}
 std::string matmul_fp32_precision_setting() {
   return precision_setting(g_matmul_precision.load());
 }

@@ -72,6 +72,11 @@ Fp32Precision matmul_fp32_precision();
 Fp32Precision conv_fp32_precision();
 // "none" means follow torch's global setting.
 bool matmul_fp32_precision_is_set();
+// Whether matmul follows torch's setting and that is "medium": permission to
+// compute in bf16, which matmul_fp32_precision() takes only where the CPU
+// has bf16 arithmetic, and skinny GEMMs take everywhere (they stream their
+// weight: bf16 panels halve the bytes, widened to fp32 in registers).
+bool matmul_medium_from_torch();
 std::string matmul_fp32_precision_setting();
 std::string conv_fp32_precision_setting();
 void set_matmul_fp32_precision(const std::string& value);  // "none" resets

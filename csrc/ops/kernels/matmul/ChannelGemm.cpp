@@ -84,8 +84,8 @@ __attribute__((target("avx2,fma"))) void block_avx2(
     PrefetchRun prefetch, const float* bias, float* out, int64_t ldo,
     int64_t columns) {
   RowBiasStore store{bias, out, ldo, columns};
-  for_avx2_subtiles<kRows, kPanels>(w, ldw, k, panels, k * kWidth, prefetch,
-                                    store);
+  for_avx2_subtiles<kRows, kPanels>(
+      F32PanelTiles{w, ldw, k, panels, k * kWidth}, prefetch, store);
 }
 
 using Block = void (*)(const float*, int64_t, int64_t, const float*,

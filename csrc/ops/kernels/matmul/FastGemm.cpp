@@ -203,10 +203,13 @@ std::optional<Plan> plan(const at::Tensor& self, const at::Tensor& a,
                                                      : PackKind::kOneDnnBf16);
   } else if (a.size(0) <= kSkinnyMaxRows) {
     const Fp32Precision precision = flags::matmul_fp32_precision();
-    plan.bf16 = precision == Fp32Precision::kBf16;
-    const bool supported = precision == Fp32Precision::kIeee
-                               ? skinny_f32_supported()
-                               : plan.bf16 && skinny_bf16_supported();
+    // "medium" resolves to ieee without bf16 arithmetic, but a skinny GEMM
+    // still takes bf16 panels there (flags::matmul_medium_from_torch).
+    plan.bf16 =
+        precision == Fp32Precision::kBf16 || flags::matmul_medium_from_torch();
+    const bool supported =
+        plan.bf16 ? skinny_bf16_supported()
+                  : precision == Fp32Precision::kIeee && skinny_f32_supported();
     if (!supported) return std::nullopt;
     plan.packed = packed_weight(
         b, plan.bf16 ? PackKind::kPanelsBf16 : PackKind::kPanelsF32);

@@ -77,6 +77,16 @@ accumulate_panel_tile(const float* a, int64_t lda, int64_t k,
   }
 }
 
+template <int kRows, int kHalves>
+__attribute__((target("avx2"), always_inline)) inline void zero_tile_avx2(
+    __m256 (&acc)[kRows][kHalves]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < kHalves; ++j) acc[i][j] = _mm256_setzero_ps();
+  }
+}
+
 // The AVX2 + FMA tile: acc[i][2j] and acc[i][2j + 1] are columns 0-7 and
 // 8-15 of panel j. Callers keep kRows * kPanels * 2 at or under 12 of the
 // 16 ymm registers (for_avx2_subtiles below splits larger blocks).
@@ -86,11 +96,7 @@ accumulate_panel_tile_avx2(const float* a, int64_t lda, int64_t k,
                            const float* panel0, int64_t panel_stride,
                            __m256 (&acc)[kRows][2 * kPanels],
                            PrefetchRun prefetch) {
-#pragma GCC unroll 8
-  for (int i = 0; i < kRows; ++i) {
-#pragma GCC unroll 8
-    for (int j = 0; j < 2 * kPanels; ++j) acc[i][j] = _mm256_setzero_ps();
-  }
+  zero_tile_avx2(acc);
   for (int64_t kk = 0; kk < k; ++kk) {
     if (kk < prefetch.lines) {
       _mm_prefetch(prefetch.first + kk * 64, _MM_HINT_T1);
@@ -114,30 +120,50 @@ accumulate_panel_tile_avx2(const float* a, int64_t lda, int64_t k,
 
 using kernels::lane_mask;
 
+// The fp32 panels' AVX2 tiles for for_avx2_subtiles: rows of A (row stride
+// lda, k elements each) against 16-column panels panel_stride apart.
+struct F32PanelTiles {
+  const float* a;
+  int64_t lda;
+  int64_t k;
+  const float* panel0;
+  int64_t panel_stride;
+
+  template <int kRows, int kPanels>
+  __attribute__((target("avx2,fma"), always_inline)) void accumulate(
+      int row0, int panel, PrefetchRun prefetch,
+      __m256 (&acc)[kRows][2 * kPanels]) const {
+    accumulate_panel_tile_avx2<kRows, kPanels>(a + row0 * lda, lda, k,
+                                               panel0 + panel * panel_stride,
+                                               panel_stride, acc, prefetch);
+  }
+};
+
 // A kRows x kPanels block (the AVX-512 kernels' shape) as AVX2 tiles of at
-// most 6 rows and 12 accumulators, each over the whole K: every element is
-// the same chain of fused multiply-adds as under AVX-512, so both ISAs give
-// the same bits. store(acc, row0, panel0) writes each tile (acc's extents
-// give its rows and 8-column halves); only the first tile prefetches.
-template <int kRows, int kPanels, int kRow0 = 0, int kPanel0 = 0, class Store>
+// most 6 rows and 12 accumulators, each over the whole K (tiles.accumulate,
+// F32PanelTiles above: every element is the same chain of fused
+// multiply-adds as under AVX-512, so both ISAs give the same bits).
+// store(acc, row0, panel0) writes each tile (acc's extents give its rows and
+// 8-column halves); only the first tile prefetches.
+template <int kRows, int kPanels, int kRow0 = 0, int kPanel0 = 0, class Tiles,
+          class Store>
 __attribute__((target("avx2,fma"), always_inline)) inline void
-for_avx2_subtiles(const float* a, int64_t lda, int64_t k, const float* panel0,
-                  int64_t panel_stride, PrefetchRun prefetch, Store& store) {
+for_avx2_subtiles(const Tiles& tiles, PrefetchRun prefetch, Store& store) {
   constexpr int kTileRows = kRows - kRow0 < 6 ? kRows - kRow0 : 6;
   constexpr int kFit = 6 / kTileRows;
   constexpr int kTilePanels =
       kPanels - kPanel0 < kFit ? kPanels - kPanel0 : kFit;
   __m256 acc[kTileRows][2 * kTilePanels];
-  accumulate_panel_tile_avx2<kTileRows, kTilePanels>(
-      a + kRow0 * lda, lda, k, panel0 + kPanel0 * panel_stride, panel_stride,
-      acc, kRow0 == 0 && kPanel0 == 0 ? prefetch : PrefetchRun{});
+  tiles.template accumulate<kTileRows, kTilePanels>(
+      kRow0, kPanel0, kRow0 == 0 && kPanel0 == 0 ? prefetch : PrefetchRun{},
+      acc);
   store(acc, kRow0, kPanel0);
   if constexpr (kPanel0 + kTilePanels < kPanels) {
     for_avx2_subtiles<kRows, kPanels, kRow0, kPanel0 + kTilePanels>(
-        a, lda, k, panel0, panel_stride, prefetch, store);
+        tiles, prefetch, store);
   } else if constexpr (kRow0 + kTileRows < kRows) {
-    for_avx2_subtiles<kRows, kPanels, kRow0 + kTileRows, 0>(
-        a, lda, k, panel0, panel_stride, prefetch, store);
+    for_avx2_subtiles<kRows, kPanels, kRow0 + kTileRows, 0>(tiles, prefetch,
+                                                            store);
   }
 }
 

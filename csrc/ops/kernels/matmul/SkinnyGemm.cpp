@@ -110,8 +110,63 @@ __attribute__((target("avx2,fma"))) void block_f32_avx2(
     const float* a, int64_t lda, int64_t k, PanelRun<float> run,
     PrefetchRun prefetch, const float* bias, float* c, int64_t ldc) {
   ColumnBiasStore store{bias, c, ldc, run.columns};
-  for_avx2_subtiles<kRows, kPanels>(a, lda, k, run.first, run.panel_stride,
-                                    prefetch, store);
+  for_avx2_subtiles<kRows, kPanels>(
+      F32PanelTiles{a, lda, k, run.first, run.panel_stride}, prefetch, store);
+}
+
+// bf16 panels on AVX2 + FMA (no bf16 arithmetic): each 32-byte load of a
+// pair step holds 8 columns' (even k, odd k) bf16 pairs, widened to fp32 by a
+// shift (even) and a mask (odd); A's pairs likewise. A product of two bf16
+// values is exact in fp32, so each fused multiply-add rounds once, odd k
+// before even as VDPBF16PS's definition orders them (denormals are kept,
+// where VDPBF16PS flushes them). The weights stream at half fp32's bytes.
+struct Bf16PanelTiles {
+  const uint32_t* a_pairs;
+  int64_t lda_pairs;
+  int64_t k_pairs;
+  const uint16_t* panel0;
+  int64_t panel_stride;
+
+  template <int kRows, int kPanels>
+  __attribute__((target("avx2,fma"), always_inline)) void accumulate(
+      int row0, int panel, PrefetchRun prefetch,
+      __m256 (&acc)[kRows][2 * kPanels]) const {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    const uint16_t* first = panel0 + panel * panel_stride;
+    zero_tile_avx2(acc);
+    for (int64_t kp = 0; kp < k_pairs; ++kp) {
+      if (kp < prefetch.lines) {
+        _mm_prefetch(prefetch.first + kp * 64, _MM_HINT_T1);
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < 2 * kPanels; ++j) {
+        const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+            first + (j / 2) * panel_stride + kp * 32 + (j % 2) * 16));
+        const __m256 w_even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        const __m256 w_odd = _mm256_castsi256_ps(_mm256_and_si256(w, high));
+#pragma GCC unroll 6
+        for (int i = 0; i < kRows; ++i) {
+          const __m256i x = _mm256_set1_epi32(
+              static_cast<int>(a_pairs[(row0 + i) * lda_pairs + kp]));
+          acc[i][j] = _mm256_fmadd_ps(
+              _mm256_castsi256_ps(_mm256_and_si256(x, high)), w_odd, acc[i][j]);
+          acc[i][j] = _mm256_fmadd_ps(
+              _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), w_even, acc[i][j]);
+        }
+      }
+    }
+  }
+};
+
+template <int kRows, int kPanels>
+__attribute__((target("avx2,fma"))) void block_bf16_avx2(
+    const uint32_t* a_pairs, int64_t lda_pairs, int64_t k_pairs,
+    PanelRun<uint16_t> run, PrefetchRun prefetch, const float* bias, float* c,
+    int64_t ldc) {
+  ColumnBiasStore store{bias, c, ldc, run.columns};
+  for_avx2_subtiles<kRows, kPanels>(
+      Bf16PanelTiles{a_pairs, lda_pairs, k_pairs, run.first, run.panel_stride},
+      prefetch, store);
 }
 
 // `a_pairs`: A rounded to bf16, rows of k/2 pairs (lo = even k).
@@ -176,6 +231,10 @@ struct MakeF32Avx2 {
 template <int R, int P>
 struct MakeBf16 {
   static constexpr Bf16Block fn = &block_bf16<R, P>;
+};
+template <int R, int P>
+struct MakeBf16Avx2 {
+  static constexpr Bf16Block fn = &block_bf16_avx2<R, P>;
 };
 
 // Runs body(group, row0, row1, next_group) over every panel group of B and
@@ -355,10 +414,17 @@ void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
 
 bool skinny_f32_supported() { return panel_tiles_supported(); }
 
-bool skinny_bf16_supported() {
+namespace {
+// VDPBF16PS on bf16 panels; AVX2 + FMA CPUs widen them to fp32 instead.
+bool native_bf16_panels() {
   static const bool supported =
       runtime::cpu_features().avx512f && runtime::cpu_features().avx512_bf16;
   return supported;
+}
+}  // namespace
+
+bool skinny_bf16_supported() {
+  return native_bf16_panels() || panel_tiles_supported();
 }
 
 void skinny_gemm_f32(const float* a, int64_t lda, int64_t m,
@@ -384,10 +450,17 @@ namespace {
 void skinny_gemm_bf16_pairs(const uint32_t* a_pairs, int64_t m,
                             const PanelPackedBf16& b, const float* bias,
                             float* c, int64_t ldc) {
-  static const KernelTable<Bf16Block, MakeBf16> kernels;
+  static const KernelTable<Bf16Block, MakeBf16> native;
+  static const KernelTable<Bf16Block, MakeBf16Avx2> avx2;
   const int64_t k_pairs = even(b.k) / 2;
-  run_panel_blocks(kernels, a_pairs, k_pairs, m, k_pairs, b.data, b.n,
-                   k_pairs * 2 * kPanelWidth, bias, c, ldc);
+  const int64_t panel_stride = k_pairs * 2 * kPanelWidth;
+  if (native_bf16_panels()) {
+    run_panel_blocks(native, a_pairs, k_pairs, m, k_pairs, b.data, b.n,
+                     panel_stride, bias, c, ldc);
+  } else {
+    run_panel_blocks(avx2, a_pairs, k_pairs, m, k_pairs, b.data, b.n,
+                     panel_stride, bias, c, ldc);
+  }
 }
 
 // A's rows as bf16 pairs (at most 16 rows, once per call).

@@ -50,8 +50,9 @@ void pack_panels_bf16(const float* b, int64_t k, int64_t n, int64_t stride_k,
 void pack_panels_bf16(const uint16_t* b, int64_t k, int64_t n, int64_t stride_k,
                       int64_t stride_n, uint16_t* dst);
 
-// Whether this CPU runs the kernels (AVX-512F; bf16 also AVX512_BF16).
-// Decided once from CPUID.
+// Whether this CPU runs the kernels: AVX-512F or AVX2 + FMA, for both
+// precisions (bf16 panels take VDPBF16PS where the CPU has AVX512_BF16, and
+// are widened to fp32 in registers elsewhere). Decided once from CPUID.
 bool skinny_f32_supported();
 bool skinny_bf16_supported();
 
