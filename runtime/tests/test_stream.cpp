@@ -130,33 +130,56 @@ TEST(Stream, RouseWakesASleepingWorkerWithoutQueuingWork) {
 }
 
 // The host's side of a burst: launches that each ran (empty) work at the
-// call, `gap` apart, until the worker is roused.
-void launch_at_call_until_roused(Stream& stream,
-                                 std::chrono::microseconds gap) {
+// call, `gap` apart, until the worker is roused. Returns when the last
+// launch began (no later than the stream's view of its end).
+std::chrono::steady_clock::time_point launch_at_call_until_roused(
+    Stream& stream, std::chrono::microseconds gap) {
   const uint64_t rouses = stream.rouses();
+  auto last_launch = std::chrono::steady_clock::now();
   for (int i = 0; i < 1000 && stream.rouses() == rouses; ++i) {
-    ASSERT_FALSE(stream.note_work_at_call_while_asleep());
+    EXPECT_FALSE(stream.note_work_at_call_while_asleep());
+    last_launch = std::chrono::steady_clock::now();
     stream.run([] {});
     std::this_thread::sleep_for(gap);
   }
-  ASSERT_EQ(stream.rouses(), rouses + 1);
+  EXPECT_EQ(stream.rouses(), rouses + 1);
+  return last_launch;
 }
 
 TEST(Stream, ABurstThatRousedTheWorkerQueuesUntilItEnds) {
-  StreamPool pool(0);
-  Stream& stream = pool.create();
-  launch_at_call_until_roused(stream, std::chrono::microseconds(20));
-  // The same burst: launches are queued from now on, even where the worker
-  // has fallen asleep again, and a queued launch carries the burst on.
-  EXPECT_TRUE(stream.note_work_at_call_while_asleep());
-  std::this_thread::sleep_for(Stream::kBurstGap / 2);
-  stream.enqueue("queued", [] {});
-  std::this_thread::sleep_for(Stream::kBurstGap / 2);
-  EXPECT_TRUE(stream.note_work_at_call_while_asleep());
-  // A pause longer than kBurstGap ends the burst: at the call again.
-  std::this_thread::sleep_for(Stream::kBurstGap * 2);
-  EXPECT_FALSE(stream.note_work_at_call_while_asleep());
-  stream.synchronize();
+  // A pause longer than kBurstGap ends a burst by design, so an attempt in
+  // which a loaded host overslept past it proves nothing and is retried;
+  // each check is judged only where the measured times bound the stream's.
+  using Clock = std::chrono::steady_clock;
+  const auto within_gap = [](Clock::time_point since) {
+    return Clock::now() - since < Stream::kBurstGap;
+  };
+  int conclusive = 0;
+  for (int attempt = 0; attempt < 20 && conclusive == 0; ++attempt) {
+    StreamPool pool(0);
+    Stream& stream = pool.create();
+    const auto last_launch =
+        launch_at_call_until_roused(stream, std::chrono::microseconds(20));
+    // The same burst: launches are queued from now on, even where the
+    // worker has fallen asleep again, and a queued launch carries the burst
+    // on past kBurstGap after the last launch run at the call.
+    const bool queued_after_rouse = stream.note_work_at_call_while_asleep();
+    if (!within_gap(last_launch)) continue;
+    EXPECT_TRUE(queued_after_rouse);
+    std::this_thread::sleep_for(Stream::kBurstGap * 3 / 4);
+    const auto enqueued = Clock::now();
+    stream.enqueue("queued", [] {});
+    std::this_thread::sleep_for(Stream::kBurstGap * 3 / 4);
+    const bool carried_on = stream.note_work_at_call_while_asleep();
+    if (!within_gap(enqueued)) continue;
+    EXPECT_TRUE(carried_on);
+    // A pause longer than kBurstGap ends the burst: at the call again.
+    std::this_thread::sleep_for(Stream::kBurstGap * 2);
+    EXPECT_FALSE(stream.note_work_at_call_while_asleep());
+    stream.synchronize();
+    ++conclusive;
+  }
+  EXPECT_EQ(conclusive, 1) << "every attempt overslept kBurstGap";
 }
 
 TEST(Stream, KeepingWorkersAwakeMakesNoneCountAsAsleep) {
