@@ -35,6 +35,7 @@
 #include <ATen/ops/var_mean_ops.h>
 #include <ATen/ops/var_ops.h>
 #include <ATen/record_function.h>
+#include <ATen/ops/sum.h>
 
 #include <cmath>
 #include <mutex>

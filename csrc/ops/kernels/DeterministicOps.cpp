@@ -37,6 +37,8 @@
 #include <ATen/ops/var_mean_ops.h>
 #include <ATen/ops/var_ops.h>
 #include <ATen/record_function.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/result_type.h>
 
 #include <cmath>
 #include <mutex>
