@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from async_helpers import SLEEP
 
 import torch_ember
 from torch_ember import _C
@@ -105,7 +106,7 @@ BF16_OPS = [
 
 
 @pytest.mark.parametrize("name, fn, op", BF16_OPS, ids=[c[0] for c in BF16_OPS])
-def test_bf16_decode_ops_are_launched_and_equal_the_call(name, fn, op):
+def test_bf16_decode_ops_are_launched_and_equal_the_call(name, fn, op, queued_launches):
     torch.manual_seed(0)
     x = torch.randn(1, 3072, dtype=torch.bfloat16, device="ember")
     w = torch.randn(2, 3072, dtype=torch.bfloat16, device="ember")
@@ -114,7 +115,7 @@ def test_bf16_decode_ops_are_launched_and_equal_the_call(name, fn, op):
     torch_ember.reset_launch_stats()
     with torch.backends.ember.flags(async_execution=True):
         stream = torch.ember.current_stream()
-        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
         out = fn(x, w)
         torch.ember.synchronize()
     stats = torch_ember.launch_stats().get(op, {})
@@ -140,7 +141,9 @@ ROWWISE = [(torch.softmax, "aten::_softmax"), (torch.log_softmax, "aten::_log_so
 
 @pytest.mark.parametrize("fn, op", ROWWISE, ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(fn, op, dtype):
+def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(
+    fn, op, dtype, queued_launches
+):
     """CPU's softmax kernels along the last dimension give each row wholly to
     one thread, so their bits do not depend on the thread count (checked
     here, since RowwiseOutForm in ops/LaunchedOps.h relies on it) and the
@@ -160,7 +163,7 @@ def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(fn, o
     torch_ember.reset_launch_stats()
     with torch.backends.ember.flags(async_execution=True):
         stream = torch.ember.current_stream()
-        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
         got = fn(x_ember, 1)  # dim 1 is the last one
         torch.ember.synchronize()
     assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
@@ -182,6 +185,6 @@ def test_kv_cache_cat_copies_rows_on_the_devices_threads_exactly(queued, dtype):
         inputs = [t.to("ember") for t in (cache, step, other)]
         if queued:  # a sleep ahead of it: queued, not run at the call
             stream = torch.ember.current_stream()
-            _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.02)
+            _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
         got = torch.cat(inputs, -2)
         assert torch.equal(got.cpu(), expected)

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -107,10 +108,13 @@ TEST(Stream, WorkerCountsAsAsleepUntilStartedAndAfterItIdles) {
   StreamPool pool(0);
   Stream& stream = pool.create();
   EXPECT_TRUE(stream.worker_asleep());  // no worker yet
-  stream.enqueue("sleep", [] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  });
+  // The work waits for the test's word, so "queued" holds however late the
+  // check runs.
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  stream.enqueue("gated", [released] { released.wait(); });
   EXPECT_FALSE(stream.worker_asleep());  // work queued
+  release.set_value();
   stream.synchronize();
   EXPECT_TRUE(eventually([&] { return stream.worker_asleep(); }));
 }
