@@ -66,7 +66,8 @@ def test_conv_matches_float64_and_cpu_layout(case, channels_last, bias):
     pixels = cpu.shape[2] * cpu.shape[3]
     channel_gemm = groups == 1 and not channels_last and pixels >= 16
     channel_gemm = channel_gemm and k == 1 and padding == 0
-    assert be.packed_weights_info()["packs"] == (0 if channel_gemm else 1)
+    cpu_path = c < 4  # an image of 1-3 channels: CPU's first-layer kernel
+    assert be.packed_weights_info()["packs"] == (0 if channel_gemm or cpu_path else 1)
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
         _check(out, x, w, b, **kw)
@@ -122,6 +123,27 @@ def test_parity_switch_is_bitwise_and_packs_nothing():
         out = F.conv2d(x.to(DEVICE), w.to(DEVICE), b.to(DEVICE), padding=1)
     assert torch.equal(out.cpu(), F.conv2d(x, w, b, padding=1))
     assert be.packed_weights_info()["packs"] == 0
+
+
+@pytest.mark.parametrize("channels", [1, 3, 4])
+def test_images_of_under_four_channels_take_cpus_path(channels, capfd):
+    """A first layer (RGB: ResNet's 7x7 stem, ViT's patch embedding) runs
+    CPU's convolution, bit for bit, with no pack: the packed route would pad
+    its channels to oneDNN's blocks. Four channels take the packed route."""
+    torch.manual_seed(channels)
+    x, w, b = torch.randn(1, channels, 40, 40), torch.randn(16, channels, 7, 7), torch.randn(16)
+    xe, we, be_ = x.to(DEVICE), w.to(DEVICE), b.to(DEVICE)
+    with torch.no_grad():
+        F.conv2d(xe, we, be_, stride=2, padding=3)
+        with be.verbose(1):
+            out = F.conv2d(xe, we, be_, stride=2, padding=3)
+    err = capfd.readouterr().err
+    if channels < 4:
+        assert be.packed_weights_info()["packs"] == 0 and "onednn/packed" not in err
+        assert torch.equal(out.cpu(), F.conv2d(x, w, b, stride=2, padding=3))
+    else:
+        assert be.packed_weights_info()["packs"] == 1 and "onednn/packed" in err
+        _check(out, x, w, b, stride=2, padding=3)
 
 
 def test_route_is_observable(capfd):
