@@ -20,6 +20,7 @@
 #include "ops/StorageWrites.h"
 #include "ops/kernels/elementwise/ChannelAffine.h"
 #include "ops/kernels/elementwise/VectorMath.h"
+#include "ops/kernels/matmul/PanelTile.h"
 
 namespace ember::kernels {
 namespace {
@@ -225,10 +226,20 @@ bool channel_vector(const at::Tensor& t, int64_t channels, c10::Device device) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> hold_on_avx2{false};
+}  // namespace
+
+void set_hold_convolutions_on_avx2(bool hold) {
+  hold_on_avx2.store(hold, std::memory_order_relaxed);
+}
+
 bool holds_convolutions() {
   return flags::fuse_elementwise() && launch_async() &&
          flags::verbose_level() == 0 && !capture::underway() &&
-         matmul::channel_epilogues_supported() && vector_math_supported();
+         matmul::channel_epilogues_supported() && vector_math_supported() &&
+         (matmul::avx512_panel_tiles() ||
+          hold_on_avx2.load(std::memory_order_relaxed));
 }
 
 void hold_convolution(const std::string& name, const at::Tensor& product,
