@@ -224,10 +224,9 @@ bool channel_vector(const at::Tensor& t, int64_t channels, c10::Device device) {
          t.size(0) == channels;
 }
 
-}  // namespace
-
-namespace {
+// Tests' override of the AVX2 default (set_hold_convolutions_on_avx2).
 std::atomic<bool> hold_on_avx2{false};
+
 }  // namespace
 
 void set_hold_convolutions_on_avx2(bool hold) {
