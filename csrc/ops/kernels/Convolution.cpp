@@ -179,13 +179,11 @@ bool packed_route_applies(const at::Tensor& input, const at::Tensor& weight,
       weight.requires_grad()) {
     return false;
   }
-  // An image of 1-3 channels (a network's first layer: RGB) takes CPU's
-  // path, whose oneDNN first-layer kernel reads the plain NCHW image: the
-  // packed route's blocked layout pads the channels to 8 or 16 and re-lays
-  // the image out. Zen 3 (2 cores, medians of 5 x 30 calls, two processes
-  // each): ResNet-50's 7x7 stem 4.0-4.5 -> 2.2-2.3 ms, ViT-B/16's 16x16
-  // patch embedding 3.6-4.3 -> 3.0-3.1 ms; Zen 4 had the stem at 1.19 on
-  // the packed route against 1.15 on CPU's (make bench-conv, 2026-11-29).
+  // An image of 1-3 channels (a first layer: RGB) takes CPU's path, whose
+  // oneDNN first-layer kernel reads the plain image; the packed route pads
+  // the channels to 8 or 16 and re-lays it out. Zen 3, 2 cores: ResNet-50's
+  // stem 4.0-4.5 -> 2.2-2.3 ms, ViT-B/16's patch embedding 3.6-4.3 -> 3.0-3.1
+  // (docs/backends.md); Zen 4 had the stem at 1.19 against 1.15 ms.
   if (input.dim() == 4 && input.size(1) < kMinPackedChannels) return false;
   const c10::Device device = input.device();
   const bool bias_ok =
