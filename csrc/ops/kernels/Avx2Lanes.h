@@ -17,6 +17,22 @@ __attribute__((target("avx2"), always_inline)) inline __m256i lane_mask(
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(clamped), lanes);
 }
 
+// The first `live` lanes of v stored at p (all 8 from 8 on), and loaded
+// (lanes past `live` zero). A full vector takes a plain store or load:
+// VMASKMOVPS to memory costs about twice a plain store on Zen 3.
+__attribute__((target("avx2"), always_inline)) inline void store_lanes(
+    float* p, int64_t live, __m256i mask, __m256 v) {
+  if (live >= 8) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    _mm256_maskstore_ps(p, mask, v);
+  }
+}
+__attribute__((target("avx2"), always_inline)) inline __m256 load_lanes(
+    const float* p, int64_t live, __m256i mask) {
+  return live >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+
 // The sum of the 8 lanes: halves added, then their halves, then the pair.
 __attribute__((target("avx2"), always_inline)) inline float reduce_add_8(
     __m256 v) {

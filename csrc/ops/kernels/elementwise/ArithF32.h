@@ -103,7 +103,7 @@ __attribute__((target("avx2"))) void power_f32_avx2(const float* a, float* out,
     const __m256 x = _mm256_maskload_ps(a + i, m);
     __m256 y = _mm256_mul_ps(x, x);
     if constexpr (Exponent == 3) y = _mm256_mul_ps(y, x);
-    _mm256_maskstore_ps(out + i, m, y);
+    store_lanes(out + i, n - i, m, y);
   }
 }
 

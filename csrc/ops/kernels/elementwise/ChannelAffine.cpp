@@ -90,9 +90,9 @@ __attribute__((target("avx2,fma"))) void affine_row_avx2(const float* in,
   for (int64_t c = 0; c < channels; c += 8) {
     const __m256i m = lane_mask(channels - c);
     const __m256 x = _mm256_maskload_ps(in + c, m);
-    _mm256_maskstore_ps(out + c, m,
-                        _mm256_fmadd_ps(x, _mm256_maskload_ps(scale + c, m),
-                                        _mm256_maskload_ps(shift + c, m)));
+    store_lanes(out + c, channels - c, m,
+                _mm256_fmadd_ps(x, _mm256_maskload_ps(scale + c, m),
+                                _mm256_maskload_ps(shift + c, m)));
   }
 }
 

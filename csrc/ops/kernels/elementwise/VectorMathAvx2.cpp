@@ -221,7 +221,7 @@ __attribute__((target("avx2,fma"))) float add_max_f32(float* row,
     const __m256 live = _mm256_castsi256_ps(m);
     const __m256 v = _mm256_add_ps(_mm256_maskload_ps(row + i, m),
                                    _mm256_maskload_ps(addend + i, m));
-    _mm256_maskstore_ps(row + i, m, v);
+    store_lanes(row + i, n - i, m, v);
     nan = _mm256_or_ps(nan,
                        _mm256_and_ps(live, _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     best = _mm256_max_ps(best, _mm256_blendv_ps(lowest, v, live));

@@ -70,8 +70,8 @@ struct RowBiasStore {
         const int64_t col = (panel0 * 2 + j) * 8;
         const int64_t live = std::clamp<int64_t>(columns - col, 0, 8);
         if (live == 0) break;
-        _mm256_maskstore_ps(out + (row0 + i) * ldo + col, lane_mask(live),
-                            _mm256_add_ps(acc[i][j], b));
+        store_lanes(out + (row0 + i) * ldo + col, live, lane_mask(live),
+                    _mm256_add_ps(acc[i][j], b));
       }
     }
   }
@@ -327,7 +327,7 @@ __attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
     const int64_t row_at = at + i * ldo;
     __m256 v[kVectors];
     for (int j = 0; j < vectors; ++j) {
-      v[j] = _mm256_maskload_ps(p + j * 8, mask[j]);
+      v[j] = load_lanes(p + j * 8, columns - j * 8, mask[j]);
     }
     for (int s = 0; s < e.count; ++s) {
       const ChannelEpilogueStep& step = e.steps[s];
@@ -343,8 +343,8 @@ __attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
         case Kind::kAdd: {
           const float* addend = step.addend + row_at;
           for (int j = 0; j < vectors; ++j) {
-            v[j] = _mm256_add_ps(v[j],
-                                 _mm256_maskload_ps(addend + j * 8, mask[j]));
+            v[j] = _mm256_add_ps(
+                v[j], load_lanes(addend + j * 8, columns - j * 8, mask[j]));
           }
           break;
         }
@@ -358,7 +358,7 @@ __attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
       if (step.out != nullptr) {
         float* out = step.out + row_at;
         for (int j = 0; j < vectors; ++j) {
-          _mm256_maskstore_ps(out + j * 8, mask[j], v[j]);
+          store_lanes(out + j * 8, columns - j * 8, mask[j], v[j]);
         }
       }
     }

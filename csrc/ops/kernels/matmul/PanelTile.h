@@ -119,6 +119,8 @@ accumulate_panel_tile_avx2(const float* a, int64_t lda, int64_t k,
 }
 
 using kernels::lane_mask;
+using kernels::load_lanes;
+using kernels::store_lanes;
 
 // The fp32 panels' AVX2 tiles for for_avx2_subtiles: rows of A (row stride
 // lda, k elements each) against 16-column panels panel_stride apart.

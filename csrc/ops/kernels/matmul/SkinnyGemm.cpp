@@ -93,12 +93,12 @@ struct ColumnBiasStore {
       const int64_t live = std::clamp<int64_t>(columns - col, 0, 8);
       if (live == 0) break;
       const __m256i mask = lane_mask(live);
-      const __m256 b = bias != nullptr ? _mm256_maskload_ps(bias + col, mask)
+      const __m256 b = bias != nullptr ? load_lanes(bias + col, live, mask)
                                        : _mm256_setzero_ps();
 #pragma GCC unroll 6
       for (int i = 0; i < kRows; ++i) {
-        _mm256_maskstore_ps(c + (row0 + i) * ldc + col, mask,
-                            _mm256_add_ps(acc[i][j], b));
+        store_lanes(c + (row0 + i) * ldc + col, live, mask,
+                    _mm256_add_ps(acc[i][j], b));
       }
     }
   }

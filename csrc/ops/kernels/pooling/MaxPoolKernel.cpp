@@ -318,7 +318,7 @@ __attribute__((target("avx2"))) void output_row_avx2(const MaxPool2d& p,
     for (int g = 0; g < kGroups; ++g) {
       const int64_t ow0 = ow_base + 8 * g;
       if (ow0 >= p.out_width) break;
-      _mm256_maskstore_ps(out + ow0, live[g], best[g]);
+      kernels::store_lanes(out + ow0, p.out_width - ow0, live[g], best[g]);
       const __m256i lo =
           _mm256_cvtepi32_epi64(_mm256_castsi256_si128(best_index[g]));
       const __m256i hi =
