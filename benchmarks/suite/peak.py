@@ -432,7 +432,11 @@ def _all_cores(fn, n: int, work: float, cores: int, repeats: int = 5) -> float:
 
 
 def fma_pipes(
-    one_core_per_cycle: float, all_cores_rate: float | None, cores: int, clock_ghz: float, lanes: int
+    one_core_per_cycle: float,
+    all_cores_rate: float | None,
+    cores: int,
+    clock_ghz: float,
+    lanes: int,
 ) -> int:
     """FMA pipes per core from the FMA loops: FLOPs/cycle over lanes x 2, rounded.
 
