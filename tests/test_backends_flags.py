@@ -350,24 +350,80 @@ def test_verbose_applies_at_once_and_restores_in_a_with():
 # -- fp32 precision "none" follows torch ------------------------------------------
 
 
-@pytest.mark.parametrize("op", ["matmul", "conv"])
-def test_none_follows_torch_float32_matmul_precision(op):
-    switch = getattr(be, op)
+def test_matmul_none_follows_torch_float32_matmul_precision():
+    switch = be.matmul
     switch.fp32_precision = "none"
-    # "high" is bf16x3 where that beats ieee on this CPU; convolutions have no bf16x3.
-    high = {"bf16x3", "ieee"} if op == "matmul" else {"ieee"}
+    # "high" is bf16x3 where that beats ieee on this CPU.
     # "medium" computes in bf16 only where the CPU has bf16 arithmetic.
     medium = {"bf16"} if NATIVE_BF16 else {"ieee"}
-    expected = {"highest": {"ieee"}, "medium": medium, "high": high}
+    expected = {"highest": {"ieee"}, "medium": medium, "high": {"bf16x3", "ieee"}}
     for torch_precision, allowed in expected.items():
         torch.set_float32_matmul_precision(torch_precision)
         assert switch.effective_fp32_precision in allowed, torch_precision
     # An explicit setting wins over torch's.
-    for explicit in ("ieee", "bf16", "bf16x3") if op == "matmul" else ("ieee", "bf16"):
+    for explicit in ("ieee", "bf16", "bf16x3"):
         switch.fp32_precision = explicit
         for torch_precision in expected:
             torch.set_float32_matmul_precision(torch_precision)
             assert switch.effective_fp32_precision == explicit
+
+
+@pytest.fixture
+def _torch_conv_precision():
+    """torch's own fp32 precision settings, restored after the test."""
+    saved = (
+        torch.backends.fp32_precision,
+        torch.backends.mkldnn.fp32_precision,
+        torch.backends.mkldnn.conv.fp32_precision,
+    )
+    yield
+    torch.backends.mkldnn.conv.fp32_precision = saved[2]
+    torch.backends.mkldnn.fp32_precision = saved[1]
+    torch.backends.fp32_precision = saved[0]
+
+
+def test_conv_none_follows_what_cpu_convolutions_follow(_torch_conv_precision):
+    be.conv.fp32_precision = "none"
+    bf16 = "bf16" if NATIVE_BF16 else "ieee"
+    # set_float32_matmul_precision leaves CPU's convolutions in fp32, and ember's.
+    for torch_precision in ("highest", "high", "medium"):
+        torch.set_float32_matmul_precision(torch_precision)
+        assert be.conv.effective_fp32_precision == "ieee", torch_precision
+    # CPU's convolutions follow torch.backends.mkldnn.conv, then mkldnn, then the
+    # generic setting: so does ember's "none".
+    torch.backends.mkldnn.conv.fp32_precision = "bf16"
+    assert be.conv.effective_fp32_precision == bf16
+    torch.backends.mkldnn.conv.fp32_precision = "none"
+    torch.backends.mkldnn.fp32_precision = "bf16"
+    assert be.conv.effective_fp32_precision == bf16
+    torch.backends.mkldnn.fp32_precision = "none"
+    torch.backends.fp32_precision = "bf16"
+    assert be.conv.effective_fp32_precision == bf16
+    torch.backends.fp32_precision = "ieee"
+    assert be.conv.effective_fp32_precision == "ieee"
+    # An explicit setting wins over torch's.
+    for explicit in ("ieee", "bf16"):
+        be.conv.fp32_precision = explicit
+        for torch_conv in ("bf16", "ieee"):
+            torch.backends.mkldnn.conv.fp32_precision = torch_conv
+            assert be.conv.effective_fp32_precision == explicit
+
+
+def test_conv_under_medium_matmul_precision_stays_fp32(_torch_conv_precision):
+    # "medium" is a matmul permission (as on CUDA, where cuDNN's convolutions
+    # have their own switch): ember's convolution keeps fp32 (bf16 operands
+    # would be ~1e-3 off, not ~1e-7). CPU's oneDNN convolutions keep fp32 too;
+    # the shapes CPU runs as im2col + GEMM take the GEMM's bf16, and so do
+    # ember's convolutions delegated to CPU's kernel.
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 256, 14, 14, generator=g)  # a 1x1 ResNet layer: ember's route
+    w = torch.randn(64, 256, 1, 1, generator=g)
+    reference = torch.nn.functional.conv2d(x.double(), w.double())
+    torch.set_float32_matmul_precision("medium")
+    xe, we = x.to("ember"), w.to("ember")
+    for _ in range(2):  # the first call and the packed one
+        out = torch.nn.functional.conv2d(xe, we).cpu()
+        assert (out.double() - reference).abs().max() / reference.abs().max() < 1e-5
 
 
 def test_matmul_and_conv_are_independent():

@@ -183,10 +183,19 @@ Fp32Precision matmul_fp32_precision() {
   return resolve(g_matmul_precision.load(std::memory_order_relaxed));
 }
 Fp32Precision conv_fp32_precision() {
-  const Fp32Precision precision =
-      resolve(g_conv_precision.load(std::memory_order_relaxed));
-  // "high" may resolve to bf16x3, which convolutions do not offer.
-  return precision == Fp32Precision::kBf16x3 ? Fp32Precision::kIeee : precision;
+  const int8_t stored = g_conv_precision.load(std::memory_order_relaxed);
+  if (stored != kFollowGlobal) return static_cast<Fp32Precision>(stored);
+  // "none" follows what CPU's convolutions follow: torch.backends.mkldnn's
+  // conv precision (its "none" resolved through mkldnn's and the generic
+  // fp32_precision by ATen), not set_float32_matmul_precision, which leaves
+  // CPU's convolutions in fp32. bf16 is taken where the CPU has bf16
+  // arithmetic, as for matmuls.
+  const at::Float32Precision torch_precision =
+      at::globalContext().float32Precision(at::Float32Backend::MKLDNN,
+                                           at::Float32Op::CONV);
+  return torch_precision == at::Float32Precision::BF16 && native_bf16()
+             ? Fp32Precision::kBf16
+             : Fp32Precision::kIeee;
 }
 bool matmul_fp32_precision_is_set() {
   return g_matmul_precision.load(std::memory_order_relaxed) != kFollowGlobal;

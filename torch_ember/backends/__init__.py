@@ -77,9 +77,14 @@ def _no_such_attribute(owner: str, name: str, known: list[str]) -> AttributeErro
 
 class _Fp32Precision:
     """``torch.backends.ember.matmul`` / ``.conv``: ``fp32_precision`` in
-    {"ieee", "bf16", "bf16x3" (matmul only), "none"}; "none" follows
+    {"ieee", "bf16", "bf16x3" (matmul only), "none"}. For matmul "none" follows
     ``torch.set_float32_matmul_precision`` ("highest" -> ieee, "medium" ->
-    bf16, "high" -> bf16x3 where that beats ieee on this CPU, else ieee)."""
+    bf16, "high" -> bf16x3 where that beats ieee on this CPU, else ieee); for
+    conv it follows what CPU's convolutions follow,
+    ``torch.backends.mkldnn.conv.fp32_precision`` (its "none" resolved through
+    ``torch.backends.mkldnn.fp32_precision`` and ``torch.backends.fp32_precision``):
+    "bf16" -> bf16, anything else ieee. bf16 only where the CPU has bf16
+    arithmetic."""
 
     _NAMES = ("fp32_precision", "effective_fp32_precision")
 
