@@ -23,3 +23,6 @@ NATIVE_BF16 = bool(_caps["avx512_bf16"] or _caps["amx_bf16"])
 # ATen's oneDNN matmul and bf16 entry points (mkldnn_matmul, the bf16 weight
 # reorder and convolution) refuse CPUs without AVX512BW/VL/DQ.
 ONEDNN_MATMUL = bool(_caps["avx512bw"] and _caps["avx512vl"] and _caps["avx512dq"])
+# The fp32 GEMM route of more than 16 rows: "mkl" (MKL's packed GEMM, Intel
+# CPUs), "panels" (ember's panel kernel, the skinny kernel's bits) or "onednn".
+TALL_GEMM = torch.backends.ember.packed_weights_info()["library"]
