@@ -556,9 +556,8 @@ def _float32_matmul_precision(value: str):
 def ember_medium(w: Workload, threads: int) -> Prepared:
     """ember eager with torch.set_float32_matmul_precision("medium") around its own
     runs: fp32 GEMMs take bf16 operands with fp32 accumulation (skinny GEMMs stream
-    bf16-packed weights, half the bytes); convolutions stay fp32, as CPU's do
-    (they follow torch.backends.mkldnn.conv.fp32_precision); compared with CPU at
-    rtol 3e-2 (bf16 rounding), not the workload's fp32 tolerance."""
+    bf16-packed weights, half the bytes); convolutions stay fp32, as CPU's do;
+    compared with CPU at rtol 3e-2 (bf16 rounding), not the fp32 tolerance."""
     if w.dtype != torch.float32:
         raise Skip("fp32 precision applies to float32 workloads only")
     prepared = _ember_within(w, lambda: _float32_matmul_precision("medium"))
