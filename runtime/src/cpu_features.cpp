@@ -230,4 +230,10 @@ std::size_t physical_memory_bytes() {
   return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size);
 }
 
+std::size_t l2_cache_bytes() {
+  // glibc reads it from CPUID (leaf 4 on Intel, 0x80000006 on AMD).
+  const long bytes = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return bytes > 0 ? static_cast<std::size_t>(bytes) : 0;
+}
+
 }  // namespace ember::runtime

@@ -2,6 +2,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -134,6 +135,21 @@ TEST(HostTopology, CoresNodeAndMemoryAreSensible) {
   const std::size_t memory = physical_memory_bytes();
   EXPECT_GT(memory, std::size_t{64} << 20);
   EXPECT_EQ(memory % static_cast<std::size_t>(sysconf(_SC_PAGE_SIZE)), 0u);
+}
+
+// The L2 size the tall GEMM sizes its panel groups by agrees with what the
+// kernel reports for cpu0's unified level-2 cache, where it reports one.
+TEST(HostTopology, L2CacheSizeMatchesSysfs) {
+  const std::size_t l2 = l2_cache_bytes();
+  std::FILE* file =
+      std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
+  if (file == nullptr) GTEST_SKIP() << "no sysfs cache description";
+  unsigned long kib = 0;
+  const int read = std::fscanf(file, "%luK", &kib);
+  std::fclose(file);
+  if (read != 1) GTEST_SKIP() << "sysfs cache size not in KiB";
+  if (l2 == 0) GTEST_SKIP() << "sysconf does not report the L2 size";
+  EXPECT_EQ(l2, static_cast<std::size_t>(kib) * 1024);
 }
 
 TEST(HostTopology, CoresFollowTheAffinityMask) {

@@ -19,7 +19,8 @@ __attribute__((target("avx2"), always_inline)) inline __m256i lane_mask(
 
 // The first `live` lanes of v stored at p (all 8 from 8 on), and loaded
 // (lanes past `live` zero). A full vector takes a plain store or load:
-// VMASKMOVPS to memory costs about twice a plain store on Zen 3.
+// VMASKMOVPS to memory is microcoded on Zen 3, about 10x a plain store
+// (4.3 ns against 0.4 ns a ymm store in a loop).
 __attribute__((target("avx2"), always_inline)) inline void store_lanes(
     float* p, int64_t live, __m256i mask, __m256 v) {
   if (live >= 8) {

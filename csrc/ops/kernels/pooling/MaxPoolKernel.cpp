@@ -324,6 +324,11 @@ __attribute__((target("avx2"))) void output_row_avx2(const MaxPool2d& p,
       const __m256i hi =
           _mm256_cvtepi32_epi64(_mm256_extracti128_si256(best_index[g], 1));
       auto* at = reinterpret_cast<long long*>(indices + ow0);
+      if (p.out_width - ow0 >= 8) {  // plain stores: see store_lanes
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at), lo);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(at + 4), hi);
+        continue;
+      }
       _mm256_maskstore_epi64(
           at, _mm256_cvtepi32_epi64(_mm256_castsi256_si128(live[g])), lo);
       _mm256_maskstore_epi64(

@@ -51,5 +51,7 @@ int available_cores();
 int numa_node_of_process();
 // Physical memory of the machine in bytes.
 std::size_t physical_memory_bytes();
+// Size of one core's L2 cache in bytes (0 where the system does not say).
+std::size_t l2_cache_bytes();
 
 }  // namespace ember::runtime
