@@ -31,14 +31,14 @@
 #include <ATen/ops/norm_ops.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/real.h>
+#include <ATen/ops/result_type.h>
 #include <ATen/ops/std_mean_ops.h>
 #include <ATen/ops/std_ops.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/sum_ops.h>
 #include <ATen/ops/var_mean_ops.h>
 #include <ATen/ops/var_ops.h>
 #include <ATen/record_function.h>
-#include <ATen/ops/sum.h>
-#include <ATen/ops/result_type.h>
 
 #include <cmath>
 #include <mutex>
