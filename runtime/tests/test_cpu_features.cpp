@@ -141,9 +141,14 @@ TEST(HostTopology, CoresNodeAndMemoryAreSensible) {
 // kernel reports for cpu0's unified level-2 cache, where it reports one.
 TEST(HostTopology, L2CacheSizeMatchesSysfs) {
   const std::size_t l2 = l2_cache_bytes();
-  std::FILE* file =
-      std::fopen("/sys/devices/system/cpu/cpu0/cache/index2/size", "r");
-  if (file == nullptr) GTEST_SKIP() << "no sysfs cache description";
+  const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index2/";
+  std::ifstream level(dir + "level");
+  int level_number = 0;
+  if (!(level >> level_number) || level_number != 2) {
+    GTEST_SKIP() << "no sysfs description of a level-2 cache at index2";
+  }
+  std::FILE* file = std::fopen((dir + "size").c_str(), "r");
+  if (file == nullptr) GTEST_SKIP() << "no sysfs cache size";
   unsigned long kib = 0;
   const int read = std::fscanf(file, "%luK", &kib);
   std::fclose(file);
