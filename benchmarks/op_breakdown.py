@@ -291,7 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     if not hasattr(torch, "ember"):
         sys.exit("torch_ember is not loaded (TORCH_DEVICE_BACKEND_AUTOLOAD=0?)")
-    names = args.workloads.split(",") if args.workloads else list(workloads.WORKLOADS)
+    names = args.workloads.split(",") if args.workloads else None
+    if names is None:
+        # As run_suite: bf16 GEMMs without bf16 instructions run for hours.
+        names = workloads.default_names(bf16=peak.native_bf16())
+        if not peak.native_bf16():
+            print(
+                "no bf16 instructions on this CPU: the bf16 workloads are left out", file=sys.stderr
+            )
     for n in names:
         if n not in workloads.WORKLOADS:
             sys.exit(f"unknown workload {n!r}; known: {', '.join(workloads.WORKLOADS)}")

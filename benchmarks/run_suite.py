@@ -173,14 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     _quiet()
     s = settings(args)
     names = args.workloads.split(",") if args.workloads else None
-    if names is None and not peak.native_bf16():
-        # Every system's bf16 GEMMs run scalar code there: hours, no insight.
-        print("no bf16 instructions on this CPU: the bf16 workloads are left out", file=sys.stderr)
-        skip = {n for n in workloads.WORKLOADS if "bf16" in n}
-        names = [
-            n for n in (workloads.QUICK if args.quick else workloads.WORKLOADS) if n not in skip
-        ]
-    names = names or (workloads.QUICK if args.quick else list(workloads.WORKLOADS))
+    if names is None:
+        names = workloads.default_names(args.quick, bf16=peak.native_bf16())
+        if not peak.native_bf16():
+            print(
+                "no bf16 instructions on this CPU: the bf16 workloads are left out", file=sys.stderr
+            )
     for n in names:
         if n not in workloads.WORKLOADS:
             sys.exit(f"unknown workload {n!r}; known: {', '.join(workloads.WORKLOADS)}")

@@ -512,6 +512,30 @@ def test_zentorch_skips_with_reason_when_missing(monkeypatch):
     assert "zentorch not installed" in r.get("zentorch").reason
 
 
+def test_default_workloads_leave_bf16_out_on_cpus_without_bf16(monkeypatch, tmp_path):
+    assert workloads.default_names(bf16=True) == list(workloads.WORKLOADS)
+    no_bf16 = workloads.default_names(bf16=False)
+    assert no_bf16 and all("bf16" not in n for n in no_bf16)
+    assert "gemm-fp32" in no_bf16 and "gemm-bf16" not in no_bf16
+    assert workloads.default_names(quick=True, bf16=False) == [
+        n for n in workloads.QUICK if "bf16" not in n
+    ]
+    # op_breakdown (make bench-breakdown) takes the same default set
+    import op_breakdown
+    from suite import peak
+
+    if not hasattr(torch, "ember"):
+        pytest.skip("torch_ember is not loaded")
+    monkeypatch.setattr(peak, "native_bf16", lambda: False)
+    monkeypatch.setattr(op_breakdown, "breakdown", lambda name, *a: {"name": name})
+    monkeypatch.setattr(
+        op_breakdown, "markdown", lambda meta, results, top: ",".join(r["name"] for r in results)
+    )
+    out = tmp_path / "names.md"
+    assert op_breakdown.main(["--out", str(out)]) == 0
+    assert out.read_text().split(",") == no_bf16
+
+
 def test_op_breakdown_tiny(tmp_path):
     if not hasattr(torch, "ember"):
         pytest.skip("torch_ember is not loaded")

@@ -409,6 +409,13 @@ WORKLOADS: dict[str, Callable[[bool], Workload]] = {
 QUICK = ["mlp-b1", "gemm-fp32", "gemm-bf16", "bert-b1", "gpt2-prefill", "gpt2-decode"]
 
 
+def default_names(quick: bool = False, bf16: bool = True) -> list[str]:
+    """The workloads a run takes when none are named. ``bf16=False`` (a CPU
+    without bf16 instructions, ``peak.native_bf16()``) leaves the bf16 ones
+    out: every system's bf16 GEMMs run scalar code there, hours for no insight."""
+    return [n for n in (QUICK if quick else WORKLOADS) if bf16 or "bf16" not in n]
+
+
 def build(name: str, tiny: bool = False) -> Workload:
     if name in LINEAR_SHAPES:
         m, k, n = LINEAR_SHAPES[name]
