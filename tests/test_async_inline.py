@@ -5,6 +5,8 @@ is; small results are queued, except while the stream's worker sleeps with
 nothing queued (then they run at the call, and a long burst of them rouses
 the worker, unless the kernels run at the call took most of its time). Either way the result is what synchronous execution gives."""
 
+import os
+import threading
 import time
 
 import pytest
@@ -275,3 +277,35 @@ def test_a_host_wait_and_a_pause_end_a_burst_of_work_at_the_call():
     share, calls, stats = min(tries, key=lambda t: t[0])
     assert calls >= 20
     assert share <= 0.1, (calls, stats)
+
+
+def test_a_thread_confined_to_a_one_core_device_runs_its_work_at_the_call():
+    """A thread bound to a device of one core (a serving replica) shares
+    that core with the device's worker: queued work would only take turns
+    with the host, and pay the hand-over both ways, so even a small op on a
+    polling worker runs at the call; behind queued work it still queues (in
+    stream order, without a host wait). Another thread's small op is queued."""
+    if len(os.sched_getaffinity(0)) < 2 or len(torch.ember.get_device_properties(0).core_ids) != 1:
+        pytest.skip("needs a device of one core beside another (EMBER_DEVICES=2 on 2 cores)")
+    x = torch.randn(1000, device="ember")
+    torch.ember.synchronize()
+    seen = {}
+
+    def confined():
+        torch.ember.use_device_cores(0)
+        torch_ember.reset_launch_stats()
+        seen["at_call"] = (x * 2, launched_count("aten::mul.Tensor"))
+        sleep_on_stream(0.05)
+        seen["behind_work"] = (x * 3, launched_count("aten::mul.Tensor"))
+        torch.ember.synchronize()
+
+    thread = threading.Thread(target=confined)
+    thread.start()
+    thread.join()
+    assert seen["at_call"][1] == 0 and seen["behind_work"][1] == 1, seen
+    torch_ember.reset_launch_stats()
+    y = x * 4  # this thread may run on every core: queued
+    assert launched_count("aten::mul.Tensor") == 1
+    assert torch.equal(seen["at_call"][0].cpu(), x.cpu() * 2)
+    assert torch.equal(seen["behind_work"][0].cpu(), x.cpu() * 3)
+    assert torch.equal(y.cpu(), x.cpu() * 4)

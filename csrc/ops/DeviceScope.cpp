@@ -86,6 +86,7 @@ int bind_thread_to_device(c10::DeviceIndex device) {
   TORCH_CHECK(error == 0,
               "ember: cannot bind this thread to the cores of ember:", device,
               " (pthread_setaffinity_np: error ", error, ")");
+  runtime::forget_thread_affinity();
   init_aten_threads();
   omp_set_num_threads(static_cast<int>(cores.size()));
   return static_cast<int>(cores.size());
@@ -106,7 +107,10 @@ int64_t inline_result_numel() {
 
 bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
                   bool long_running) {
-  if (result_numel >= inline_result_numel()) return stream.query();
+  if (result_numel >= inline_result_numel() ||
+      stream.host_confined_to_worker_core()) {
+    return stream.query();
+  }
   if (long_running || !stream.worker_asleep()) return false;
   return !stream.note_work_at_call_while_asleep();
 }

@@ -14,7 +14,46 @@ namespace ember::runtime {
 
 namespace {
 thread_local char t_thread_token;  // its address tells threads apart
+
+// The one core the calling thread may run on (-1: several), read from its
+// affinity once every kAffinityRecheck calls: a launch cannot afford a
+// system call, and affinity changes are rare (forget_thread_affinity makes
+// the glue's own take effect at once).
+constexpr uint32_t kAffinityRecheck = 1024;
+struct ThreadAffinity {
+  uint32_t calls_until_check = 0;
+  int only_core = -1;
+};
+thread_local ThreadAffinity t_affinity;
+
+int only_core_of_calling_thread() {
+  if (t_affinity.calls_until_check == 0) {
+    t_affinity.calls_until_check = kAffinityRecheck;
+    t_affinity.only_core = -1;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) == 1) {
+      for (int core = 0; core < CPU_SETSIZE; ++core) {
+        if (CPU_ISSET(core, &set)) {
+          t_affinity.only_core = core;
+          break;
+        }
+      }
+    }
+  }
+  --t_affinity.calls_until_check;
+  return t_affinity.only_core;
+}
 }  // namespace
+
+void forget_thread_affinity() { t_affinity.calls_until_check = 0; }
+
+bool Stream::host_confined_to_worker_core() const {
+  if (config_ == nullptr || config_->cores.size() != 1 || in_stream_worker()) {
+    return false;
+  }
+  return only_core_of_calling_thread() == config_->cores.front();
+}
 
 void Stream::note_host_cpu() {
   if (in_stream_worker()) return;  // work queuing work: not the host

@@ -160,5 +160,31 @@ TEST(StreamPlacement, AOneCoreWorkerStaysBesideTheHost) {
   EXPECT_EQ(stream.moves_off_host_cpu(), 0u);
 }
 
+TEST(StreamPlacement, AHostOnTheOneCoreWorkersCoreIsConfinedToIt) {
+  const cpu_set_t cores = allowed();
+  const int core = first_core(cores);
+  auto config = std::make_shared<WorkerConfig>();
+  config->cores = {core};
+  StreamPool pool(0, config);
+  Stream& stream = pool.create();
+  StreamPool unconfigured(0);
+  Stream& anywhere = unconfigured.create();
+  forget_thread_affinity();
+  EXPECT_EQ(stream.host_confined_to_worker_core(), CPU_COUNT(&cores) == 1);
+  {
+    PinnedTo pinned(core);
+    forget_thread_affinity();
+    EXPECT_TRUE(stream.host_confined_to_worker_core());
+    EXPECT_FALSE(anywhere.host_confined_to_worker_core());
+    bool in_worker = true;
+    stream.enqueue("ask",
+                   [&] { in_worker = stream.host_confined_to_worker_core(); });
+    stream.synchronize();
+    EXPECT_FALSE(in_worker);  // the worker is not a host
+  }
+  forget_thread_affinity();
+  EXPECT_EQ(stream.host_confined_to_worker_core(), CPU_COUNT(&cores) == 1);
+}
+
 }  // namespace
 }  // namespace ember::runtime

@@ -258,6 +258,15 @@ class Stream final {
   static constexpr std::chrono::microseconds kMoveInterval{1000};
   static constexpr std::chrono::milliseconds kSharedFeedHold{100};
 
+  // True when the calling thread may run only on the one core this
+  // stream's worker owns (its affinity is that core alone: a serving thread
+  // bound to a 1-core device, or a process on one core). Host and worker
+  // then take turns on that core: queued work overlaps nothing and costs
+  // the hand-over both ways (a batch-1 MLP on a 1-core device ran 1.45x
+  // its synchronous time queued), so launchers run such a thread's work at
+  // the call. False on a worker thread and for a stream without cores.
+  bool host_confined_to_worker_core() const;
+
   // Destroys, on the calling thread, the work the worker has finished.
   // Finished work is not destroyed by the worker: what it captured
   // (tensors) may be the last reference to memory whose release needs the
@@ -509,6 +518,10 @@ class Event final {
 // True on a stream's worker thread (queued work must never wait for its own
 // device's queues).
 bool in_stream_worker();
+// The calling thread's affinity changed (the glue bound it to a device's
+// cores): host_confined_to_worker_core rechecks it at its next call instead
+// of after its periodic recheck.
+void forget_thread_affinity();
 
 // True in a child forked while queued work was in flight (every stream
 // operation then raises ForkedWithWorkInFlight).
