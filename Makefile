@@ -151,7 +151,8 @@ bench-conv: setup
 	$(PY) benchmarks/conv_layers.py --out docs/bench/conv_layers.md
 
 # Serving throughput (issue 11): N BERT replicas on N devices that own their
-# cores vs one device owning them all, one 1-core device and CPU (~3 min).
+# cores vs one device owning them all, one 1-core device and CPU; every
+# configuration 3 times in rotating order, medians (~10 min on 2 cores).
 .PHONY: bench-serving
 
 bench-serving: bench-deps

@@ -14,6 +14,13 @@ device owning every core (ember, 1 device) or on CPU, each thread answering
 ``requests`` batch-1 requests after a warm-up. Throughput = all requests /
 wall time. Outputs of every configuration are checked against CPU's.
 
+The configurations run ``--rounds`` times (3 by default), in an order that
+rotates each round, so that a slow spell of a shared host falls on every
+configuration alike: the table gives each configuration's median, and each
+ratio as the median of its per-round ratios with their range (one round of
+each configuration made the same 2-device/1-device ratio 1.06x in one run
+and 1.56x in the next on one host).
+
 With ``--graphs`` each ember replica is captured once (``torch.ember.graph``,
 on its own stream) and a request is one ``replay()``: the serving threads
 then share the GIL for one call per request instead of one per op, which is
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -186,6 +194,9 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
+        "--rounds", type=int, default=3, help="runs of every configuration (rotating order)"
+    )
+    parser.add_argument(
         "--graphs",
         action="store_true",
         help="ember replicas replay a captured graph per request (torch.ember.graph)",
@@ -204,10 +215,13 @@ def main() -> None:
         ("ember, one 1-core device, 1 replica", "ember", 1, 1, first_core),
         (f"ember, {n} devices", "ember", n, n, None),
     ]
-    results: dict[str, dict[str, float]] = {}
+    samples: dict[str, dict[str, list[float]]] = {}
     jobs = [(m, c) for m in args.models for c in configs]
+    order = [
+        jobs[(r + i) % len(jobs)] for r in range(max(1, args.rounds)) for i in range(len(jobs))
+    ]
     for model, (label, system, devices, replicas, cores) in tqdm(
-        jobs, desc="serving", unit="config"
+        order, desc="serving", unit="config"
     ):
         requests = args.requests or (200 if model == "bert-tiny" else 20)
         out = run_config(
@@ -215,33 +229,19 @@ def main() -> None:
         )
         if out["errors"]:
             raise SystemExit(f"{model} {label}: {out['errors']}")
-        results.setdefault(model, {})[label] = out["throughput"]
-
-    lines = [
-        (
-            f"{n} replicas from {n} threads (the 1-core column: 1 replica, 1 thread), batch 1, "
-            "seq 128 (requests/s; ratios in this run)"
-        ),
-        "",
-        "| model | "
-        + " | ".join(c[0] for c in configs)
-        + f" | {n} dev / 1 dev | {n} dev / one 1-core dev | {n} dev / cpu |",
-        "|" + "---|" * (len(configs) + 4),
-    ]
-    for model, row in results.items():
-        cpu, one, one_core, many = (row[c[0]] for c in configs)
-        cells = " | ".join(f"{row[c[0]]:.1f}" for c in configs)
-        lines.append(
-            f"| {model} | {cells} | {many / one:.2f}x | {many / one_core:.2f}x | "
-            f"{many / cpu:.2f}x |"
-        )
+        samples.setdefault(model, {}).setdefault(label, []).append(out["throughput"])
+    results = {
+        model: {label: statistics.median(v) for label, v in row.items()}
+        for model, row in samples.items()
+    }
+    lines = serving_table(samples, [c[0] for c in configs], n)
     print("\n" + "\n".join(lines))
     if args.out:
         write_markdown(args.out, lines, n, args.graphs)
 
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"replicas": n, "results": results}, f, indent=2)
+            json.dump({"replicas": n, "results": results, "samples": samples}, f, indent=2)
     if args.plot:
         import matplotlib
 
@@ -257,6 +257,45 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"\nplot: {args.plot}")
+
+
+def ratio_cell(numerator: list[float], denominator: list[float]) -> str:
+    """The median of per-round ratios, with their range when there are
+    several rounds."""
+    ratios = sorted(a / b for a, b in zip(numerator, denominator, strict=True))
+    cell = f"{statistics.median(ratios):.2f}x"
+    if len(ratios) > 1:
+        cell += f" ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    return cell
+
+
+def serving_table(
+    samples: dict[str, dict[str, list[float]]], labels: list[str], n: int
+) -> list[str]:
+    """The markdown table: per model each configuration's median throughput
+    over the rounds, then the ratios of the N-device configuration (labels
+    in order: cpu, one device, one 1-core device, N devices)."""
+    rounds = min(len(v) for row in samples.values() for v in row.values())
+    lines = [
+        (
+            f"{n} replicas from {n} threads (the 1-core column: 1 replica, 1 thread), batch 1, "
+            f"seq 128 (requests/s, median of {rounds} round(s); ratios: median of the "
+            "per-round ratios (range); all in this run)"
+        ),
+        "",
+        "| model | "
+        + " | ".join(labels)
+        + f" | {n} dev / 1 dev | {n} dev / one 1-core dev | {n} dev / cpu |",
+        "|" + "---|" * (len(labels) + 4),
+    ]
+    for model, row in samples.items():
+        cpu, one, one_core, many = (row[label] for label in labels)
+        cells = " | ".join(f"{statistics.median(row[label]):.1f}" for label in labels)
+        lines.append(
+            f"| {model} | {cells} | {ratio_cell(many, one)} | {ratio_cell(many, one_core)} | "
+            f"{ratio_cell(many, cpu)} |"
+        )
+    return lines
 
 
 def write_markdown(path: str, table: list[str], n: int, graphs: bool) -> None:

@@ -613,3 +613,29 @@ def test_graph_bench_reports_the_decode_floor_from_the_measured_bandwidth():
     assert "no step can take less than 10.00 ms" in text
     assert "| ember-graph | 13.000 ms | 38.5 GB/s | 77% | 0.77x |" in text
     assert graphs.streaming_lines({"times": r["times"]}) == []  # not measured: no table
+
+
+def test_serving_table_gives_medians_and_per_round_ratio_ranges():
+    import serving
+
+    labels = ["cpu eager", "ember, 1 device", "ember, one 1-core device, 1 replica", "2 devices"]
+    # Round 2 is a slow spell for every configuration: medians per column,
+    # ratios per round (each 2.0x against the 1-core device).
+    samples = {
+        "bert-tiny": {
+            labels[0]: [100.0, 50.0, 110.0],
+            labels[1]: [150.0, 60.0, 140.0],
+            labels[2]: [90.0, 40.0, 100.0],
+            labels[3]: [180.0, 80.0, 200.0],
+        }
+    }
+    lines = serving.serving_table(samples, labels, 2)
+    assert "median of 3 round(s)" in lines[0]
+    row = lines[-1].split(" | ")
+    assert row[1:5] == ["100.0", "140.0", "90.0", "180.0"]
+    # 2 dev / 1 dev per round: 1.2, 1.333, 1.4286 -> median 1.33 (1.20-1.43)
+    assert row[5] == "1.33x (1.20-1.43)"
+    assert row[6] == "2.00x (2.00-2.00)"
+    assert row[7].rstrip(" |") == "1.80x (1.60-1.82)"
+    one_round = {"m": {label: [v[0]] for label, v in samples["bert-tiny"].items()}}
+    assert serving.serving_table(one_round, labels, 2)[-1].split(" | ")[5] == "1.20x"
