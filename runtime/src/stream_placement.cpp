@@ -44,15 +44,47 @@ int only_core_of_calling_thread() {
   --t_affinity.calls_until_check;
   return t_affinity.only_core;
 }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The host thread that last asked host_confined_to_worker_core (launched
+// work), process-wide, and when; and when a thread before it last asked.
+// Races between threads only blur the heuristic.
+std::atomic<const void*> g_asking_thread{nullptr};
+std::atomic<int64_t> g_asked_ns{0};
+std::atomic<int64_t> g_another_asked_ns{INT64_MIN / 2};
+
+// Notes the calling thread's ask at `now`; true when no other thread has
+// asked within Stream::kSharedFeedHold. While one thread asks: a load, a
+// store and a clock read (vDSO).
+bool lone_asking_thread(int64_t now) {
+  const void* self = &t_thread_token;
+  if (g_asking_thread.load(std::memory_order_relaxed) != self) {
+    const void* before =
+        g_asking_thread.exchange(self, std::memory_order_relaxed);
+    if (before != nullptr) {
+      g_another_asked_ns.store(g_asked_ns.load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+    }
+  }
+  g_asked_ns.store(now, std::memory_order_relaxed);
+  return now - g_another_asked_ns.load(std::memory_order_relaxed) >=
+         std::chrono::nanoseconds(Stream::kSharedFeedHold).count();
+}
 }  // namespace
 
 void forget_thread_affinity() { t_affinity.calls_until_check = 0; }
 
 bool Stream::host_confined_to_worker_core() const {
-  if (config_ == nullptr || config_->cores.size() != 1 || in_stream_worker()) {
-    return false;
-  }
-  return only_core_of_calling_thread() == config_->cores.front();
+  if (in_stream_worker()) return false;
+  // Noted whatever the answer: another thread's launches count.
+  const bool lone = lone_asking_thread(now_ns());
+  return lone && config_ != nullptr && config_->cores.size() == 1 &&
+         only_core_of_calling_thread() == config_->cores.front();
 }
 
 void Stream::note_host_cpu() {

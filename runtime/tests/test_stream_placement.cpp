@@ -186,5 +186,23 @@ TEST(StreamPlacement, AHostOnTheOneCoreWorkersCoreIsConfinedToIt) {
   EXPECT_EQ(stream.host_confined_to_worker_core(), CPU_COUNT(&cores) == 1);
 }
 
+TEST(StreamPlacement, AConfinedHostIsNotAloneWhileAnotherThreadLaunches) {
+  const int core = first_core(allowed());
+  auto config = std::make_shared<WorkerConfig>();
+  config->cores = {core};
+  StreamPool pool(0, config);
+  Stream& stream = pool.create();
+  PinnedTo pinned(core);
+  forget_thread_affinity();
+  std::thread other([&] { (void)stream.host_confined_to_worker_core(); });
+  other.join();
+  // Another host thread asked (launched) last: this one may block on it
+  // (Python's GIL), so its worker has time to run queued work.
+  EXPECT_FALSE(stream.host_confined_to_worker_core());
+  std::this_thread::sleep_for(Stream::kSharedFeedHold +
+                              std::chrono::milliseconds(20));
+  EXPECT_TRUE(stream.host_confined_to_worker_core());
+}
+
 }  // namespace
 }  // namespace ember::runtime
