@@ -46,6 +46,13 @@ class PinnedTo {
   cpu_set_t before_;
 };
 
+// A worker configuration owning `core` alone (a device of one core).
+std::shared_ptr<WorkerConfig> one_core(int core) {
+  auto config = std::make_shared<WorkerConfig>();
+  config->cores = {core};
+  return config;
+}
+
 TEST(StreamPlacement, WorkerOnTheHostsCoreMovesToAnother) {
   const cpu_set_t cores = allowed();
   if (CPU_COUNT(&cores) < 2) GTEST_SKIP() << "needs two cores";
@@ -146,9 +153,7 @@ TEST(StreamPlacement, TwoHostThreadsFeedingOneStreamAreNotChased) {
 
 TEST(StreamPlacement, AOneCoreWorkerStaysBesideTheHost) {
   const int core = first_core(allowed());
-  auto config = std::make_shared<WorkerConfig>();
-  config->cores = {core};
-  StreamPool pool(0, config);
+  StreamPool pool(0, one_core(core));
   Stream& stream = pool.create();
   PinnedTo pinned(core);
   int ran_on = -1;
@@ -163,9 +168,7 @@ TEST(StreamPlacement, AOneCoreWorkerStaysBesideTheHost) {
 TEST(StreamPlacement, AHostOnTheOneCoreWorkersCoreIsConfinedToIt) {
   const cpu_set_t cores = allowed();
   const int core = first_core(cores);
-  auto config = std::make_shared<WorkerConfig>();
-  config->cores = {core};
-  StreamPool pool(0, config);
+  StreamPool pool(0, one_core(core));
   Stream& stream = pool.create();
   StreamPool unconfigured(0);
   Stream& anywhere = unconfigured.create();
@@ -188,9 +191,7 @@ TEST(StreamPlacement, AHostOnTheOneCoreWorkersCoreIsConfinedToIt) {
 
 TEST(StreamPlacement, AConfinedHostIsNotAloneWhileAnotherThreadLaunches) {
   const int core = first_core(allowed());
-  auto config = std::make_shared<WorkerConfig>();
-  config->cores = {core};
-  StreamPool pool(0, config);
+  StreamPool pool(0, one_core(core));
   Stream& stream = pool.create();
   PinnedTo pinned(core);
   forget_thread_affinity();
