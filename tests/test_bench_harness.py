@@ -6,7 +6,6 @@ the report (Markdown, JSON, plots) and that the correctness check flags the
 wrong system and leaves it unranked. ember-parity (cpu_parity mode) must match
 CPU bitwise where the build has the switch. ONNX Runtime, OpenVINO and zentorch
 run on two cheap workloads when installed (requirements-bench.txt), else skip.
-The op breakdown (benchmarks/op_breakdown.py) runs on one toy workload.
 Inductor and the full set of exporters on every workload take minutes: they
 run only with EMBER_BENCH_SLOW=1. No timing assertions.
 """
@@ -536,51 +535,6 @@ def test_default_workloads_leave_bf16_out_on_cpus_without_bf16(monkeypatch, tmp_
     assert out.read_text().split(",") == no_bf16
 
 
-def test_op_breakdown_tiny(tmp_path):
-    if not hasattr(torch, "ember"):
-        pytest.skip("torch_ember is not loaded")
-    import op_breakdown
-
-    threads = torch.get_num_threads()
-    out = tmp_path / "op_breakdown.md"
-    rc = op_breakdown.main(
-        ["--tiny", "--workloads", "mlp-b1", "--warmup", "1", "--runs", "1", "--out", str(out)]
-    )
-    assert rc == 0 and torch.get_num_threads() == threads
-    md = out.read_text()
-    assert md.startswith(op_breakdown.HEADER) and "## mlp-b1:" in md
-    rows = [ln for ln in md.splitlines() if ln.startswith("| `aten::")]
-    assert rows, md
-    assert any("aten::addmm" in ln or "aten::linear" in ln for ln in rows)
-    doc = json.loads((tmp_path / "op_breakdown.json").read_text())
-    wl = doc["workloads"][0]
-    assert wl["name"] == "mlp-b1"
-    expected = ["default", "cpu_parity"] if _has_cpu_parity() else ["default"]
-    assert list(wl["modes"]) == expected
-    for mode in wl["modes"].values():
-        assert mode["ops"] and mode["ops_self_s_per_run"] > 0 and mode["wall_s_per_run"] > 0
-        assert sum(o["pct"] for o in mode["ops"]) == pytest.approx(100.0)
-    if _has_cpu_parity():
-        assert torch.backends.ember.cpu_parity == PARITY_AT_START
-
-
-def test_conv_layers_tiny(tmp_path):
-    if not hasattr(torch, "ember"):
-        pytest.skip("torch_ember is not loaded")
-    import conv_layers
-
-    async_before = torch.backends.ember.async_execution
-    out = tmp_path / "conv_layers.md"
-    rc = conv_layers.main(["--tiny", "--rounds", "1", "--calls", "1", "--out", str(out)])
-    assert rc == 0 and torch.backends.ember.async_execution == async_before
-    layers = conv_layers.conv_layers(tiny=True)
-    rows = [ln for ln in out.read_text().splitlines() if ln.startswith("| [")]
-    assert len(rows) == len(layers) >= 3
-    routes = [row.split("|")[-3].strip() for row in rows]
-    assert "channel-gemm" in routes and "?" not in routes, routes
-    assert all(float(row.split("|")[-2]) < 1e-5 for row in rows)  # max rel err vs float64
-
-
 # Wrong results of other systems that the suite reports as such (third-party bugs).
 KNOWN_WRONG = {
     # zentorch 2.13.0.2: Inductor hands zentorch_addmm the M=1 activation of a decode
@@ -600,42 +554,3 @@ def test_every_workload_on_every_system_slow():
                 ("ok", "skip", "WRONG") if (r.name, s.system) in KNOWN_WRONG else ("ok", "skip")
             )
             assert s.status in allowed, (r.name, s.system, s.reason)
-
-
-def test_graph_bench_reports_the_decode_floor_from_the_measured_bandwidth():
-    import graphs
-
-    r = {
-        "times": {"cpu-eager": 0.030, "ember-eager": 0.016, "ember-graph": 0.013},
-        "streaming": {"weight_bytes": 500e6, "read_bw": 50e9, "threads": 2},
-    }
-    text = "\n".join(graphs.streaming_lines(r))
-    assert "no step can take less than 10.00 ms" in text
-    assert "| ember-graph | 13.000 ms | 38.5 GB/s | 77% | 0.77x |" in text
-    assert graphs.streaming_lines({"times": r["times"]}) == []  # not measured: no table
-
-
-def test_serving_table_gives_medians_and_per_round_ratio_ranges():
-    import serving
-
-    labels = ["cpu eager", "ember, 1 device", "ember, one 1-core device, 1 replica", "2 devices"]
-    # Round 2 is a slow spell for every configuration: medians per column,
-    # ratios per round (each 2.0x against the 1-core device).
-    samples = {
-        "bert-tiny": {
-            labels[0]: [100.0, 50.0, 110.0],
-            labels[1]: [150.0, 60.0, 140.0],
-            labels[2]: [90.0, 40.0, 100.0],
-            labels[3]: [180.0, 80.0, 200.0],
-        }
-    }
-    lines = serving.serving_table(samples, labels, 2)
-    assert "median of 3 round(s)" in lines[0]
-    row = lines[-1].split(" | ")
-    assert row[1:5] == ["100.0", "140.0", "90.0", "180.0"]
-    # 2 dev / 1 dev per round: 1.2, 1.333, 1.4286 -> median 1.33 (1.20-1.43)
-    assert row[5] == "1.33x (1.20-1.43)"
-    assert row[6] == "2.00x (2.00-2.00)"
-    assert row[7].rstrip(" |") == "1.80x (1.60-1.82)"
-    one_round = {"m": {label: [v[0]] for label, v in samples["bert-tiny"].items()}}
-    assert serving.serving_table(one_round, labels, 2)[-1].split(" | ")[5] == "1.20x"
