@@ -171,9 +171,10 @@ bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
 // skinny GEMM streaming megabytes of weight for one row): queued even while
 // the worker sleeps, since the host goes on with its own work (a decode
 // step's Python) while the worker wakes and runs it.
-// Any work runs at the call on an idle stream where the launching thread may
-// run only on the stream's one worker core (Stream::host_confined_to_worker_
-// core): host and worker would take turns on that core.
+// Any work runs at the call on an idle stream where the launching thread is
+// the process's lone launcher and may run only on the stream's one worker
+// core (Stream::host_confined_to_worker_core): host and worker would take
+// turns on that core.
 bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
                   bool long_running = false);
 

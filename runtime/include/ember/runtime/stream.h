@@ -262,15 +262,15 @@ class Stream final {
   // stream's worker owns (its affinity is that core alone: a serving thread
   // bound to a 1-core device, or a process on one core) and no other
   // thread of the process has asked (launched work) within
-  // kSharedFeedHold. Host and worker
-  // then take turns on that core: queued work overlaps nothing and costs
-  // the hand-over both ways (a batch-1 MLP on a 1-core device ran 1.45x
-  // its synchronous time queued), so launchers run such a thread's work at
-  // the call. With other host threads about, a host often blocks on them
-  // (Python's GIL) and its worker runs queued work meanwhile: two BERT-tiny
-  // replicas on two 1-core devices served 0.77x the requests with their
-  // work at the call. False on a worker thread and for a stream without
-  // cores. Every launch asks (the launching threads are noted here).
+  // kSharedFeedHold. Host and worker then take turns on that core: queued
+  // work overlaps nothing and costs the hand-over both ways (a batch-1 MLP
+  // on a 1-core device ran 1.45x its synchronous time queued), so launchers
+  // run such a thread's work at the call. With other host threads about, a
+  // host often blocks on them (Python's GIL) and its worker runs queued
+  // work meanwhile: two BERT-tiny replicas on two 1-core devices served
+  // 0.77x the requests with their work at the call. False on a worker
+  // thread and for a stream without cores. Every launch asks (the launching
+  // threads are noted here).
   bool host_confined_to_worker_core() const;
 
   // Destroys, on the calling thread, the work the worker has finished.
