@@ -249,20 +249,39 @@ def test_a_strided_pointwise_conv_below_16_output_pixels_stays_on_onednn(capfd):
     _check(outs[2], x, w, None, stride=2)
 
 
-def test_channel_gemm_is_bitwise_the_same_on_any_thread_count():
+# Images whose last pixel group is a lone panel (ResNet's 28x28 and 14x14),
+# a dot-product column (7x7 on AVX-512), several images, row counts that are
+# not whole blocks: threads split the work by cost, so their runs start
+# inside groups and inside an image's rows.
+@pytest.mark.parametrize(
+    "images,channels,out_channels,size",
+    [(1, 96, 40, 20), (1, 96, 40, 7), (1, 64, 44, 28), (3, 48, 20, 14), (2, 32, 8, 9)],
+)
+def test_channel_gemm_is_bitwise_the_same_on_any_thread_count(
+    images, channels, out_channels, size, capfd
+):
     torch.manual_seed(3)
-    for size in (20, 7):  # panels only; panels and a dot-product column
-        x = torch.randn(1, 96, size, size, device=DEVICE)
-        w = torch.randn(40, 96, 1, 1, device=DEVICE)
-        before = torch.get_num_threads()
-        try:
-            results = []
-            for threads in (1, 2, 3):
+    x = torch.randn(images, channels, size, size)
+    w = torch.randn(out_channels, channels, 1, 1)
+    b = torch.randn(out_channels)
+    xe, we, be_ = x.to(DEVICE), w.to(DEVICE), b.to(DEVICE)
+    before = torch.get_num_threads()
+    shape = (images, out_channels, size, size)
+    try:
+        results = []
+        with be.verbose(1):
+            for threads in (1, 2, 3, 4):
                 torch.set_num_threads(threads)
-                results.append(F.conv2d(x, w).cpu())
-        finally:
-            torch.set_num_threads(before)
-        assert all(torch.equal(results[0], r) for r in results[1:])
+                # The result's block from the allocator holds NaN, not the
+                # last call's values: an output no thread writes shows.
+                torch.full(shape, float("nan"), device=DEVICE)
+                results.append(F.conv2d(xe, we, be_).cpu())
+    finally:
+        torch.set_num_threads(before)
+    if size * size >= 64 or be.capabilities()["avx512f"]:
+        assert "channel-gemm" in capfd.readouterr().err
+    assert all(torch.equal(results[0], r) for r in results[1:])
+    _check(results[0].to(DEVICE), x, w, b)
 
 
 def test_channel_gemm_sees_weight_writes_and_trains():

@@ -232,6 +232,61 @@ struct PanelBuffer {
 constexpr int64_t kScratchColumns = kGroupColumns + kMaxDotColumns;
 static_assert(kScratchColumns == kChannelEpilogueColumns);
 
+// A place in the work order: global pixel group (image-major) and row block.
+struct WorkPlace {
+  int64_t group = 0;
+  int64_t block = 0;
+  bool operator<(const WorkPlace& o) const {
+    return group != o.group ? group < o.group : block < o.block;
+  }
+};
+
+// The product's work in order: every pixel group of every image, each
+// group's row blocks in turn (consecutive blocks share the group's packed
+// panels). Threads take runs of it of equal cost (a block's columns, the
+// last panel's padding included, times its rows), not equal counts of
+// groups: a plane's last group is often a single panel (ResNet's 28x28 and
+// 14x14 images are 16 groups + 1 panel and 4 + 1 panel), and an even split
+// by count gave one of two threads 15 panel rows to the other's 11. Only
+// which thread computes a block changes, never its sums.
+struct WorkOrder {
+  int64_t groups;  // all images'
+  int64_t groups_per_image;
+  int64_t row_blocks;
+  int64_t panel_columns;  // per image
+  int64_t dot_columns;
+
+  // Columns of a group's panels (padding included) and dot products.
+  int64_t group_cost(int64_t group_in_image) const {
+    const int64_t columns =
+        std::min(kGroupColumns, panel_columns - group_in_image * kGroupColumns);
+    const int64_t dots =
+        group_in_image == groups_per_image - 1 ? dot_columns : 0;
+    return (columns + kWidth - 1) / kWidth * kWidth + dots;
+  }
+
+  // Where run `run` of `runs` equal-cost runs starts (run == runs: the end).
+  WorkPlace start_of_run(int64_t run, int64_t runs) const {
+    if (run >= runs) return {groups, 0};
+    const int64_t rows = row_blocks * kMaxRows;  // the last block as full
+    const int64_t full = group_cost(0) * rows;
+    const int64_t last = group_cost(groups_per_image - 1) * rows;
+    const int64_t per_image = (groups_per_image - 1) * full + last;
+    const int64_t images = groups / groups_per_image;
+    const int64_t target = images * per_image * run / runs;
+    const int64_t rest = target % per_image;
+    const int64_t group = std::min(rest / full, groups_per_image - 1);
+    const int64_t block_cost = group_cost(group) * kMaxRows;
+    const int64_t into = rest - group * full;
+    WorkPlace place{target / per_image * groups_per_image + group,
+                    (into + block_cost / 2) / block_cost};
+    if (place.block >= row_blocks) place = {place.group + 1, 0};
+    return place;
+  }
+
+  static WorkPlace next_group(WorkPlace at) { return {at.group + 1, 0}; }
+};
+
 }  // namespace
 
 namespace {
@@ -384,6 +439,7 @@ bool channel_gemm_dot_tails() { return avx512_panel_tiles(); }
 bool channel_epilogues_supported() { return panel_tiles_supported(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
+  if (a.m == 0 || a.n == 0 || a.images == 0) return;
   static const BlockTable<Avx512Block> avx512_kernels;
   static const BlockTable<Avx2Block> avx2_kernels;
   const bool avx512 = avx512_panel_tiles();
@@ -400,18 +456,11 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
   const int64_t panel_columns = a.n - dot_columns;
   const int64_t groups = (panel_columns + kGroupColumns - 1) / kGroupColumns;
   const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;
-  // Few pixel groups (small images) leave threads idle: split the rows too.
-  // A thread takes consecutive tasks, so the row chunks of one group mostly
-  // land on one thread and share its packed panels.
+  const WorkOrder order{a.images * groups, groups, row_blocks, panel_columns,
+                        dot_columns};
   const int64_t threads = at::get_num_threads();
-  int64_t chunks = 1;
-  while (a.images * groups * chunks < 4 * threads && chunks < row_blocks) {
-    chunks *= 2;
-  }
-  const int64_t chunk_rows =
-      (row_blocks + chunks - 1) / chunks * static_cast<int64_t>(kMaxRows);
-  const int64_t tasks = a.images * groups * chunks;
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+  // One run of the work order per thread, of equal cost (see WorkOrder).
+  at::parallel_for(0, threads, 1, [&](int64_t first_run, int64_t end_run) {
     thread_local PanelBuffer buffer;
     // The buffer may hold another call's panels at the same address.
     buffer.source = nullptr;
@@ -419,15 +468,15 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
         a.k * (kGroupColumns + kMaxDotColumns) + kMaxRows * kScratchColumns);
     float* dot_panel = panels + a.k * kGroupColumns;
     float* scratch = dot_panel + a.k * kMaxDotColumns;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t image = t / (groups * chunks);
-      const int64_t group = t / chunks % groups;
-      const int64_t chunk = t % chunks;
+    const WorkPlace from = order.start_of_run(first_run, threads);
+    const WorkPlace to = order.start_of_run(end_run, threads);
+    for (WorkPlace at = from; at < to; at = order.next_group(at)) {
+      const int64_t image = at.group / groups;
+      const int64_t group = at.group % groups;
       const int64_t n0 = group * kGroupColumns;
       const int64_t columns = std::min(kGroupColumns, panel_columns - n0);
       const float* x = a.x + image * a.x_image_stride + n0;
-      const bool last_group = group == groups - 1;
-      const int64_t dots = last_group ? dot_columns : 0;
+      const int64_t dots = group == groups - 1 ? dot_columns : 0;
       if (buffer.source != x) {
         pack(x, a.ldx, a.k, columns, panels);
         if (dots > 0)
@@ -437,14 +486,15 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
       const int64_t np = (columns + kWidth - 1) / kWidth;
       const int64_t out_at = image * a.out_image_stride + n0;
       float* out = a.out + out_at;
-      const int64_t row_end = std::min(a.m, (chunk + 1) * chunk_rows);
-      for (int64_t r = chunk * chunk_rows; r < row_end; r += kMaxRows) {
-        const int64_t rows = std::min<int64_t>(kMaxRows, row_end - r);
+      const int64_t block_end = at.group == to.group ? to.block : row_blocks;
+      for (int64_t b = at.block; b < block_end; ++b) {
+        const int64_t r = b * kMaxRows;
+        const int64_t rows = std::min<int64_t>(kMaxRows, a.m - r);
         // The weight rows of the next block (a small image's weight is
         // read from memory once, by the block that needs it: fetching
         // them a block ahead overlaps that read with this block's FMAs).
         const int64_t next_rows =
-            std::min<int64_t>(kMaxRows, row_end - r - kMaxRows);
+            std::min<int64_t>(kMaxRows, a.m - r - kMaxRows);
         const PrefetchRun ahead =
             a.ldw == a.k && next_rows > 0
                 ? PrefetchRun{reinterpret_cast<const char*>(
@@ -458,19 +508,15 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
         const int64_t ld = scratch_product ? kScratchColumns : a.ldo;
         kernels[rows - 1][np - 1](a.w + r * a.ldw, a.ldw, a.k, panels, ahead,
                                   bias, product, ld, columns);
+        // The block's tail columns too (then its steps while in cache).
+        if (dots > 0) {
+          dot_rows(a.w + r * a.ldw, a.ldw, a.k, dot_panel, dots, bias,
+                   product + columns, ld, 0, rows);
+        }
         if (epilogue != nullptr) {
-          // The block's tail columns too, then its steps while in cache.
-          if (dots > 0) {
-            dot_rows(a.w + r * a.ldw, a.ldw, a.k, dot_panel, dots, bias,
-                     product + columns, ld, 0, rows);
-          }
           apply_channel_epilogue(*epilogue, product, ld, out_at + r * a.ldo,
                                  a.ldo, r, rows, columns + dots);
         }
-      }
-      if (epilogue == nullptr && dots > 0) {
-        dot_rows(a.w, a.ldw, a.k, dot_panel, dots, a.bias, out + columns, a.ldo,
-                 chunk * chunk_rows, row_end);
       }
     }
   });
