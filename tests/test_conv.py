@@ -91,6 +91,28 @@ def test_weight_write_invalidates_pack():
     assert info["invalidations"] == 1 and info["packs"] == 2
 
 
+def test_a_pack_serves_only_the_thread_count_it_was_made_for():
+    # oneDNN plans a primitive's work for the threads of the process when the
+    # weight is reordered: a pack made on 1 thread and run on 2 (or the other
+    # way) ran 2.5-5x the time on Zen 3 (128 channels, 28 x 28, 3 x 3).
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).to(DEVICE)
+    x = torch.randn(1, 16, 10, 10, device=DEVICE)
+    ref = F.conv2d(x.cpu(), conv.weight.cpu(), conv.bias.cpu(), padding=1)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        with torch.no_grad():
+            for threads, packs in ((1, 1), (2, 2), (1, 2), (2, 2)):
+                torch.set_num_threads(threads)
+                outs += [conv(x), conv(x)]
+                assert be.packed_weights_info()["packs"] == packs
+    finally:
+        torch.set_num_threads(before)
+    for out in outs:
+        torch.testing.assert_close(out.cpu(), ref)
+    assert be.packed_weights_info()["invalidations"] == 0
+
+
 def test_pack_counts_in_memory_and_empty_cache_frees_it():
     conv = torch.nn.Conv2d(64, 64, 3).to(DEVICE)
     x = torch.randn(1, 64, 12, 12, device=DEVICE)
