@@ -9,7 +9,6 @@ switch restoring CPU's kernel bit for bit.
 import pytest
 import torch
 import torch.nn.functional as F
-from isa import AVX512
 
 import torch_ember  # noqa: F401
 
@@ -181,9 +180,6 @@ def test_route_is_observable(capfd):
 # 1x1 unpadded convolutions of NCHW images with at least 16 output pixels
 # run as ember's channel GEMM (out = W @ x per image on the NCHW layout, no
 # pack); a strided one on the pixels it reads, gathered image by image.
-# (AVX2 CPUs, whose channel GEMM has no dot-product tail: at least 64, four
-# panels; smaller outputs take oneDNN's pack there.)
-CHANNEL_GEMM_MIN_PIXELS = 16 if AVX512 else 64
 POINTWISE_CASES = [
     ((1, 64, 16, 16), 256, 1),  # full 8-row x 48-column blocks
     ((2, 37, 20, 19), 13, 1),  # row and column tails, two images
@@ -215,17 +211,13 @@ def test_pointwise_conv_runs_as_a_channel_gemm_on_the_nchw_layout(case, bias, ca
     with be.verbose(1):
         outs = [F.conv2d(xe, we, be_, stride=stride) for _ in range(3)]
     err = capfd.readouterr().err
-    first = 0  # every call on the same kernel
-    if cpu.shape[2] * cpu.shape[3] >= CHANNEL_GEMM_MIN_PIXELS:
-        assert "channel-gemm" in err
-        assert be.packed_weights_info()["packs"] == 0  # the weight is read as it is
-    else:  # without dot-product tails (AVX2) small outputs stay on oneDNN's pack
-        assert "channel-gemm" not in err and "onednn/packed" in err
-        first = 1  # the first call, before the pack, is CPU's whole path
+    assert cpu.shape[2] * cpu.shape[3] >= 16
+    assert "channel-gemm" in err and "onednn" not in err
+    assert be.packed_weights_info()["packs"] == 0  # the weight is read as it is
     for out in outs:
         assert out.shape == cpu.shape and out.stride() == cpu.stride()
         _check(out, x, w, b, stride=stride)
-    assert torch.equal(outs[first].cpu(), outs[2].cpu())
+    assert torch.equal(outs[0].cpu(), outs[2].cpu())
 
 
 # Other windows take oneDNN's pack whatever their size, the small outputs of
@@ -271,8 +263,8 @@ def test_a_strided_pointwise_conv_below_16_output_pixels_stays_on_onednn(capfd):
     _check(outs[2], x, w, None, stride=2)
 
 
-# Images whose last pixel group is a lone panel (ResNet's 28x28 and 14x14),
-# a dot-product column (7x7 on AVX-512), several images, row counts that are
+# Images whose last pixel group is a lone panel (ResNet's 28x28), a
+# dot-product tail (7x7, 14x14), several images, row counts that are
 # not whole blocks: threads split the work by cost, so their runs start
 # inside groups and inside an image's rows.
 @pytest.mark.parametrize(
@@ -300,8 +292,7 @@ def test_channel_gemm_is_bitwise_the_same_on_any_thread_count(
                 results.append(F.conv2d(xe, we, be_).cpu())
     finally:
         torch.set_num_threads(before)
-    if size * size >= 64 or be.capabilities()["avx512f"]:
-        assert "channel-gemm" in capfd.readouterr().err
+    assert "channel-gemm" in capfd.readouterr().err
     assert all(torch.equal(results[0], r) for r in results[1:])
     _check(results[0].to(DEVICE), x, w, b)
 

@@ -8,7 +8,7 @@ test_conv_winograd.py."""
 
 import pytest
 import torch
-from isa import AVX512, VECTOR_KERNELS
+from isa import VECTOR_KERNELS
 
 import torch_ember
 
@@ -79,14 +79,7 @@ def _unfused(fn, *args):
         # conv1's relu (conv2's input) and the block's output
         ((1, 64, 56, 56), 1, False, (2, 5, 2)),
         ((2, 32, 14, 14), 1, False, (2, 5, 2)),
-        pytest.param(
-            (1, 64, 7, 7),
-            1,
-            False,
-            (2, 5, 2),  # 49 pixels: the dot-product tail
-            # (AVX2 has none: outputs this small stay on oneDNN, unheld)
-            marks=pytest.mark.skipif(not AVX512, reason="dot-product tails need AVX-512F"),
-        ),
+        ((1, 64, 7, 7), 1, False, (2, 5, 2)),  # 49 pixels: the dot-product tail
         # conv shortcut: conv1 [bn, relu], conv2 [bn], shortcut [bn]; the add
         # and the last relu follow the shortcut's batch norm, not conv2's
         ((1, 48, 28, 28), 2, True, (3, 4, 3)),

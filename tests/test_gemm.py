@@ -426,6 +426,9 @@ with torch.inference_mode():
             y = lin(x)
         outs.append(y.cpu())
     outs.append(conv(torch.randn(2, 24, 8, 8, device="ember")).cpu())
+    # dot-product tails: 1 column (7 x 7) and 4 (14 x 14)
+    for size in (7, 14):
+        outs.append(conv(torch.randn(1, 24, size, size, device="ember")).cpu())
 be = torch.backends.ember
 torch.save({"caps": be.capabilities(), "library": be.packed_weights_info()["library"],
             "outs": outs}, sys.argv[1])
@@ -436,7 +439,7 @@ def test_avx2_kernels_give_the_bits_of_the_avx512_kernels(tmp_path):
     """EMBER_MAX_ISA=avx2 runs the AVX2 panel GEMMs on an AVX-512 CPU (where
     CI has one): skinny, tall and 1x1-convolution results equal the
     AVX-512 kernels' bit for bit (the same fused multiply-adds in the same
-    order)."""
+    order; the convolutions' dot-product tails reduced in the same order)."""
     if not PANEL_GEMM:
         pytest.skip("the panel kernels need AVX-512F or AVX2 + FMA")
     results = {}

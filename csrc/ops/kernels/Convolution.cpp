@@ -364,11 +364,12 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
 //    convolution reads, gathered image by image. oneDNN ran ResNet-50's
 //    three at 116-154 GFLOP/s against ~200 here.
 // Outputs of at least one 16-pixel panel; smaller ones stay on oneDNN. On
-// CPUs whose channel GEMM has no dot-product tail (AVX2: a 7x7 output is
-// four panels, a quarter padding) outputs of at least four: in-process A/B
-// on an AMD Zen 3 host (2026-12-01, medians of 9 x 10 calls) had ResNet-50's
-// three 1x1 layers with 7x7 outputs 1.5-1.6x oneDNN's packed route's time,
-// and the larger ones 0.59-1.07x.
+// AVX2 CPUs this took outputs of at least four panels until the channel
+// GEMM had AVX2 dot-product tails (2026-12-06): a 7x7 output was then four
+// panels, a quarter padding, and ResNet-50's 1x1 layers with 7x7 outputs
+// ran 1.5-1.6x oneDNN's packed route's time (Zen 3, 2026-12-01); with the
+// tails (3 panels + 1 dot-product column) 0.89-0.95x (Zen 3, in-process A/B,
+// 20 pairs).
 // Other windows take oneDNN's pack whatever the image: ResNet-50's 3x3
 // layers on 7x7 outputs ran here on their im2col columns until in-process
 // A/B on Zen 4 (2026-11-28, 2 cores, medians of 20 x 10 calls, three runs)
@@ -377,7 +378,6 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
 // (32 of 40 alternating runs faster); an earlier A/B on that host kind had
 // found this route ahead (1.26 against 1.48 ms) in other minutes.
 constexpr int64_t kMinPixels = 16;
-constexpr int64_t kMinPixelsWithoutDots = 64;
 
 ConvWindow window_of(const at::Tensor& input, const at::Tensor& weight,
                      const ConvParams& p) {
@@ -409,9 +409,7 @@ bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
   const bool pointwise =
       g.kernel_h == 1 && g.kernel_w == 1 && g.pad_h == 0 && g.pad_w == 0;
   // An empty or negative output size: CPU's convolution raises its error.
-  return pointwise && g.out_h() > 0 && g.out_w() > 0 &&
-         pixels >= (matmul::channel_gemm_dot_tails() ? kMinPixels
-                                                     : kMinPixelsWithoutDots);
+  return pointwise && g.out_h() > 0 && g.out_w() > 0 && pixels >= kMinPixels;
 }
 
 // The gathered pixels' buffer (one per thread) is kept for the next call

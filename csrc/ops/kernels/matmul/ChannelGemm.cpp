@@ -193,6 +193,56 @@ __attribute__((target("avx512f"))) void dot_block(const float* w, int64_t ldw,
   }
 }
 
+// dot_block for AVX2 + FMA CPUs (the same bits): each sum's 16 lanes kept
+// as two 8-lane halves, reduced in _mm512_reduce_add_ps's order (upper half
+// onto lower, then 128-bit halves, then pairs: kernels::reduce_add_8). A
+// half wholly past k is skipped: the AVX-512 form adds 0 x 0 there, which
+// leaves a sum that started at +0 unchanged.
+template <int kRows, int kColumns>
+__attribute__((target("avx2,fma"))) void dot_block_avx2(
+    const float* w, int64_t ldw, int64_t k, const float* columns,
+    const float* bias, float* out, int64_t ldo) {
+  __m256 acc[kRows][kColumns][2];
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kColumns; ++c) {
+      acc[i][c][0] = acc[i][c][1] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t k0 = 0; k0 < k; k0 += kWidth) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const int64_t at = k0 + 8 * h;
+      const int64_t live = k - at;
+      if (live <= 0) break;
+      const __m256i mask = lane_mask(live);
+      __m256 x[kColumns];
+#pragma GCC unroll 4
+      for (int c = 0; c < kColumns; ++c) {
+        x[c] = load_lanes(columns + c * k + at, live, mask);
+      }
+#pragma GCC unroll 4
+      for (int i = 0; i < kRows; ++i) {
+        const __m256 weights = load_lanes(w + i * ldw + at, live, mask);
+#pragma GCC unroll 4
+        for (int c = 0; c < kColumns; ++c) {
+          acc[i][c][h] = _mm256_fmadd_ps(weights, x[c], acc[i][c][h]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < kRows; ++i) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kColumns; ++c) {
+      out[i * ldo + c] =
+          kernels::reduce_add_8(_mm256_add_ps(acc[i][c][1], acc[i][c][0])) +
+          (bias != nullptr ? bias[i] : 0.0f);
+    }
+  }
+}
+
 using DotBlock = void (*)(const float*, int64_t, int64_t, const float*,
                           const float*, float*, int64_t);
 
@@ -204,12 +254,24 @@ void dot_rows(const float* w, int64_t ldw, int64_t k, const float* columns,
       &dot_block<4, 1>, &dot_block<4, 2>, &dot_block<4, 3>, &dot_block<4, 4>};
   static constexpr DotBlock one_row[kMaxDotColumns] = {
       &dot_block<1, 1>, &dot_block<1, 2>, &dot_block<1, 3>, &dot_block<1, 4>};
+  // AVX2 holds two registers a sum: at most 8 sums a call (of 16 ymm).
+  static constexpr int kAvx2Rows[kMaxDotColumns] = {4, 2, 1, 1};
+  static constexpr DotBlock avx2_rows[kMaxDotColumns] = {
+      &dot_block_avx2<4, 1>, &dot_block_avx2<2, 2>, &dot_block_avx2<1, 3>,
+      &dot_block_avx2<1, 4>};
+  static constexpr DotBlock avx2_one_row[kMaxDotColumns] = {
+      &dot_block_avx2<1, 1>, &dot_block_avx2<1, 2>, &dot_block_avx2<1, 3>,
+      &dot_block_avx2<1, 4>};
+  const bool avx512 = avx512_panel_tiles();
+  const int64_t block = avx512 ? 4 : kAvx2Rows[count - 1];
   for (int64_t r = r0; r < r1;) {
-    const DotBlock kernel =
-        r + 4 <= r1 ? four_rows[count - 1] : one_row[count - 1];
+    const bool whole = r + block <= r1;
+    const DotBlock kernel = avx512
+                                ? (whole ? four_rows : one_row)[count - 1]
+                                : (whole ? avx2_rows : avx2_one_row)[count - 1];
     kernel(w + r * ldw, ldw, k, columns, bias != nullptr ? bias + r : nullptr,
            out + r * ldo, ldo);
-    r += r + 4 <= r1 ? 4 : 1;
+    r += whole ? block : 1;
   }
 }
 
@@ -434,8 +496,6 @@ void apply_channel_epilogue(const ChannelEpilogue& e, const float* product,
 
 bool channel_gemm_supported() { return panel_tiles_supported(); }
 
-bool channel_gemm_dot_tails() { return avx512_panel_tiles(); }
-
 bool channel_epilogues_supported() { return panel_tiles_supported(); }
 
 void channel_gemm_f32(const ChannelGemmArgs& a) {
@@ -448,11 +508,9 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
   const ChannelEpilogue* epilogue =
       a.epilogue != nullptr && a.epilogue->count > 0 ? a.epilogue : nullptr;
   // Pixels past the last full panel taken by dot products (none when the
-  // image is narrower than one panel or the rest needs a panel anyway; the
-  // dot kernel is AVX-512's only).
+  // image is narrower than one panel or the rest needs a panel anyway).
   const int64_t dot_columns =
-      avx512 && a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth
-                                                               : 0;
+      a.n > kWidth && a.n % kWidth <= kMaxDotColumns ? a.n % kWidth : 0;
   const int64_t panel_columns = a.n - dot_columns;
   const int64_t groups = (panel_columns + kGroupColumns - 1) / kGroupColumns;
   const int64_t row_blocks = (a.m + kMaxRows - 1) / kMaxRows;

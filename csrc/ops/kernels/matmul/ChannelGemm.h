@@ -13,10 +13,6 @@ namespace ember::matmul {
 // Whether this CPU runs the kernel (AVX-512F, or AVX2 + FMA). Decided once
 // from CPUID.
 bool channel_gemm_supported();
-// Whether a product narrower than a whole number of 16-pixel panels takes
-// its last few pixels as dot products (AVX-512F) rather than a panel that
-// is mostly padding.
-bool channel_gemm_dot_tails();
 // Whether it applies epilogues (the same CPUs).
 bool channel_epilogues_supported();
 
