@@ -363,13 +363,9 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
 //  - strided (ResNet's downsampling shortcuts): x is the pixels the
 //    convolution reads, gathered image by image. oneDNN ran ResNet-50's
 //    three at 116-154 GFLOP/s against ~200 here.
-// Outputs of at least one 16-pixel panel; smaller ones stay on oneDNN. On
-// AVX2 CPUs this took outputs of at least four panels until the channel
-// GEMM had AVX2 dot-product tails (2026-12-06): a 7x7 output was then four
-// panels, a quarter padding, and ResNet-50's 1x1 layers with 7x7 outputs
-// ran 1.5-1.6x oneDNN's packed route's time (Zen 3, 2026-12-01); with the
-// tails (3 panels + 1 dot-product column) 0.89-0.95x (Zen 3, in-process A/B,
-// 20 pairs).
+// Outputs of at least one 16-pixel panel; smaller ones stay on oneDNN (on
+// AVX2 too since its dot-product tails: ResNet-50's 7x7-output 1x1 layers
+// 0.89-0.95x oneDNN's time, docs/backends.md "AVX2 CPUs").
 // Other windows take oneDNN's pack whatever the image: ResNet-50's 3x3
 // layers on 7x7 outputs ran here on their im2col columns until in-process
 // A/B on Zen 4 (2026-11-28, 2 cores, medians of 20 x 10 calls, three runs)

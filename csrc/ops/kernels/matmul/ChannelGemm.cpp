@@ -345,8 +345,6 @@ struct WorkOrder {
     if (place.block >= row_blocks) place = {place.group + 1, 0};
     return place;
   }
-
-  static WorkPlace next_group(WorkPlace at) { return {at.group + 1, 0}; }
 };
 
 }  // namespace
@@ -528,7 +526,7 @@ void channel_gemm_f32(const ChannelGemmArgs& a) {
     float* scratch = dot_panel + a.k * kMaxDotColumns;
     const WorkPlace from = order.start_of_run(first_run, threads);
     const WorkPlace to = order.start_of_run(end_run, threads);
-    for (WorkPlace at = from; at < to; at = order.next_group(at)) {
+    for (WorkPlace at = from; at < to; at = {at.group + 1, 0}) {
       const int64_t image = at.group / groups;
       const int64_t group = at.group % groups;
       const int64_t n0 = group * kGroupColumns;
