@@ -5,6 +5,10 @@ data; results equal CPU's bit for bit in CPU's layouts, for NCHW and
 channels-last images and other ranks, with and without affine terms.
 Training, backward and unusual layouts stay with CPU's kernel."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +24,9 @@ SHAPES = [
     ((2, 17, 5, 3), False),  # channels and planes off the vector width
     ((2, 17, 5, 3), True),  # channels-last
     ((4, 96, 7, 7), False),  # parallel chunks starting inside an image
+    ((1, 40, 14, 14), False),  # planes of 196: a last partial vector
+    ((2, 9, 2, 4), False),  # planes of exactly one AVX2 vector
+    ((2, 9, 4, 6), False),  # planes of 24: the 16-wide loop, then one vector
     ((1, 3, 224, 224), True),
     ((5, 33), False),  # BatchNorm1d on (N, C)
     ((2, 3, 7), False),  # (N, C, L)
@@ -57,6 +64,34 @@ def test_inference_equals_cpu_bitwise(shape, channels_last, affine):
     assert out[0].stride() == ref[0].stride()
     assert torch.equal(out[0].cpu().view(torch.int32), ref[0].view(torch.int32))
     assert out[1].shape == ref[1].shape == (0,) and out[2].shape == ref[2].shape
+
+
+_AVX2_SCRIPT = """
+import sys, torch, torch_ember
+import torch.nn.functional as F
+assert not torch.backends.ember.capabilities()["avx512f"]
+g = torch.Generator().manual_seed(5)
+for shape in [(2, 9, 1, 1), (2, 9, 1, 7), (2, 9, 2, 4), (2, 9, 3, 5), (2, 9, 4, 6), (1, 64, 7, 7),
+              (1, 40, 14, 14)]:
+    x = torch.randn(shape, generator=g)
+    mean, weight, bias = (torch.randn(shape[1], generator=g) for _ in range(3))
+    var = torch.rand(shape[1], generator=g) + 0.5
+    ref = F.batch_norm(x, mean, var, weight, bias)
+    out = F.batch_norm(*(t.to("ember") for t in (x, mean, var, weight, bias)))
+    assert torch.equal(out.cpu().view(torch.int32), ref.view(torch.int32)), shape
+"""
+
+
+def test_avx2_kernel_equals_cpus_avx2_kernel_bitwise():
+    """The AVX2 form (fused multiply-adds as ATen's AVX2 kernel computes
+    them; planes off the vector width end in one unmasked vector that
+    overlaps the loop's last one, planes under 8 elements in scalar fused
+    multiply-adds) against CPU's AVX2 kernel, with both capped to AVX2 in a
+    subprocess, so AVX-512 hosts test it too."""
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's batch-norm kernel needs AVX-512F or AVX2")
+    env = dict(os.environ, EMBER_MAX_ISA="avx2", ATEN_CPU_CAPABILITY="avx2")
+    subprocess.run([sys.executable, "-c", _AVX2_SCRIPT], env=env, check=True, timeout=120)
 
 
 def test_module_in_eval_takes_embers_kernel(capfd):
