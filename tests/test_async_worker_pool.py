@@ -1,7 +1,7 @@
 """The stream worker and OpenMP (ops/DeviceScope.h, run_split_free): ATen
 kernels whose bits do not depend on their thread split (mul, div, relu,
-argmax, copies, cat, index_select, layer norm, and softmax along the last
-dimension below 64 Ki results) run on the worker with a
+argmax, copies, cat, index_select, layer norm, softmax along the last
+dimension below 64 Ki results, and the erf GELU below 6144) run on the worker with a
 one-thread team, so the worker never gets a libgomp pool of its own beside
 the host thread's (two pools on the process's cores make libgomp throttle
 both); a pool the worker did open (a reduction, a GEMM) ends once the worker
@@ -64,6 +64,8 @@ queued(lambda: x.index_select(0, torch.arange(300, device="ember")))
 rows = torch.randn(200, 300, device="ember")  # below 64 Ki results
 queued(lambda: rows.softmax(-1))
 queued(lambda: rows.log_softmax(1))
+small = torch.randn(48, 64, device="ember")  # oneDNN's erf GELU, small
+queued(lambda: torch.nn.functional.gelu(small))
 split_free = threads()
 # a reduction keeps the worker's thread count
 reduction = threads_after_queued(lambda: x.float().sum(0))
@@ -168,6 +170,34 @@ def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(
         torch.ember.synchronize()
     assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
     assert torch.equal(got.cpu(), fn(x, -1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_gelu_runs_on_one_worker_thread_with_cpus_bits(dtype, queued_launches):
+    """CPU's erf GELU below 6144 values: ATen's own loop (bf16 here) does not
+    split it, oneDNN's eltwise (fp32) splits it without changing a bit
+    (checked here, since SmallSplitFreeOutForm in ops/LaunchedOps.h relies
+    on it); the worker runs it on one thread: CPU's result, launched."""
+    torch.manual_seed(0)
+    x = (torch.randn(47, 129) * 4).to(dtype)
+    threads = torch.get_num_threads()
+    try:
+        by_threads = []
+        for count in (1, 2, 3, 7):
+            torch.set_num_threads(count)
+            by_threads.append(F.gelu(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(by_threads[0], other) for other in by_threads[1:])
+    x_ember = x.to("ember")
+    torch_ember.reset_launch_stats()
+    with torch.backends.ember.flags(async_execution=True):
+        stream = torch.ember.current_stream()
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
+        got = F.gelu(x_ember)
+        torch.ember.synchronize()
+    assert torch_ember.launch_stats().get("aten::gelu", {}).get("launched", 0) == 1
+    assert torch.equal(got.cpu(), by_threads[1])
 
 
 @pytest.mark.parametrize("queued", [True, False], ids=["on_the_worker", "at_the_call"])

@@ -85,6 +85,30 @@ struct OutForm {
 template <class OutOp>
 using SplitFreeOutForm = OutForm<OutOp, /*SplitFree=*/true>;
 
+// The out= form of a kernel ATen never splits below `kMaxNumel` result
+// elements but may still run in a multi-thread region there: on a stream
+// worker such calls take one thread (run_split_free), the same bits. CPU's
+// fp32 erf GELU is oneDNN's eltwise, which opens a region at any size: an
+// 8x8 GELU launched on the worker took 83-97 us against 9 us on one thread
+// (2-core Zen 3 host); ATen's own GELU loop (bf16) splits only above 6144
+// elements, and oneDNN's fp32 one gave the same bits on 1, 2 and 3 threads
+// at every size measured (1 to 65536).
+template <class OutOp, int64_t kMaxNumel>
+struct SmallSplitFreeOutForm {
+  template <class... A>
+  static void run(at::Tensor& out, const A&... args) {
+    const auto kernel = [&] {
+      OutOp::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), args...,
+                        out);
+    };
+    if (out.numel() <= kMaxNumel) {
+      run_split_free(kernel);
+    } else {
+      kernel();
+    }
+  }
+};
+
 // The out= form of _softmax and _log_softmax. Along the last dimension
 // CPU's kernel gives each row wholly to one thread, so its bits do not
 // depend on the split (checked at 1, 2, 3 and 7 threads in

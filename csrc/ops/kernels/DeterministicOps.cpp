@@ -398,9 +398,10 @@ at::Tensor softmax_backward_data(T grad_output, T output, int64_t dim,
 
 at::Tensor gelu(T self, c10::string_view approximate) {
   if (!flags::deterministic() || approximate != "tanh") {
-    return unboxed::launched<ops::gelu, unboxed::OutForm<ops::gelu_out>,
-                             layouts::Gelu, T, c10::string_view>(self,
-                                                                 approximate);
+    // ATen's GELU_MIN_ELEMENTS_FOR_MULTI_THREADING: below it no split.
+    return unboxed::launched<
+        ops::gelu, unboxed::SmallSplitFreeOutForm<ops::gelu_out, 6144>,
+        layouts::Gelu, T, c10::string_view>(self, approximate);
   }
   return on_aliases(
       "ember::deterministic::gelu",
