@@ -143,15 +143,17 @@ ROWWISE = [(torch.softmax, "aten::_softmax"), (torch.log_softmax, "aten::_log_so
 
 @pytest.mark.parametrize("fn, op", ROWWISE, ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(37, 129), (12, 100)], ids=["on_the_worker", "any_thread"])
 def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(
-    fn, op, dtype, queued_launches
+    fn, op, dtype, shape, queued_launches
 ):
     """CPU's softmax kernels along the last dimension give each row wholly to
     one thread, so their bits do not depend on the thread count (checked
     here, since RowwiseOutForm in ops/LaunchedOps.h relies on it) and the
-    worker runs a small one on one thread: CPU's result, launched."""
+    worker runs a small one on one thread (up to 4096 values any thread
+    does): CPU's result, launched and at the call."""
     torch.manual_seed(0)
-    x = (torch.randn(37, 129) * 4).to(dtype)
+    x = (torch.randn(*shape) * 4).to(dtype)
     threads = torch.get_num_threads()
     try:
         by_threads = []
@@ -170,6 +172,11 @@ def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(
         torch.ember.synchronize()
     assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
     assert torch.equal(got.cpu(), fn(x, -1))
+    torch_ember._C._engine_keep_workers_awake(False)
+    with torch.backends.ember.flags(async_execution=True):
+        torch.ember.synchronize()
+        at_call = fn(x_ember, -1)  # an idle stream: runs at the call
+        assert torch.equal(at_call.cpu(), fn(x, -1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -112,11 +112,17 @@ struct SmallSplitFreeOutForm {
 // The out= form of _softmax and _log_softmax. Along the last dimension
 // CPU's kernel gives each row wholly to one thread, so its bits do not
 // depend on the split (checked at 1, 2, 3 and 7 threads in
-// tests/test_async_execution.py), and a call below inline_result_numel()
+// tests/test_async_worker_pool.py), and a call below inline_result_numel()
 // elements, which a stream worker runs, takes one thread there: a
 // multi-thread region on the worker wakes the worker's own OpenMP pool
 // (run_split_free), which made an 8x8 softmax cost 38-46 us instead of 3
-// (2-core Zen 4 host). Other dims, and larger calls, as OutForm.
+// (2-core Zen 4 host). Up to kSerialRowsNumel elements one thread runs it
+// wherever it runs: at the call too, the host team's region cost more than
+// the rows (softmax launched at the call, 2-core Zen 3 host, medians: 8x8
+// 5.9 -> 4.4 us, 16x128 6.5 -> 4.4, 12x340 8.6 -> 5.3; at 32x512 one
+// thread was slower, 20.1 against 13.1). Other dims, and larger calls, as
+// OutForm.
+inline constexpr int64_t kSerialRowsNumel = 4096;
 template <class OutOp>
 struct RowwiseOutForm {
   static void run(at::Tensor& out, const at::Tensor& self, int64_t dim,
@@ -128,7 +134,10 @@ struct RowwiseOutForm {
     const bool along_rows =
         self.dim() > 0 &&
         c10::maybe_wrap_dim(dim, self.dim()) == self.dim() - 1;
-    if (along_rows && out.numel() < inline_result_numel()) {
+    if (along_rows && out.numel() <= kSerialRowsNumel) {
+      const kernels::SerialScope one_thread;
+      kernel();
+    } else if (along_rows && out.numel() < inline_result_numel()) {
       run_split_free(kernel);
     } else {
       kernel();
