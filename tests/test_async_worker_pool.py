@@ -141,6 +141,31 @@ def test_layer_norm_with_mixed_dtypes_stays_synchronous_and_correct():
 ROWWISE = [(torch.softmax, "aten::_softmax"), (torch.log_softmax, "aten::_log_softmax")]
 
 
+def _by_thread_counts(fn):
+    """fn() on CPU with 1, 2, 3 and 7 threads."""
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3, 7):
+            torch.set_num_threads(count)
+            results.append(fn())
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+def _queued_once(fn, op):
+    """fn() on ember behind a queued sleep: launched on the worker, once."""
+    torch_ember.reset_launch_stats()
+    with torch.backends.ember.flags(async_execution=True):
+        stream = torch.ember.current_stream()
+        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
+        got = fn()
+        torch.ember.synchronize()
+    assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
+    return got
+
+
 @pytest.mark.parametrize("fn, op", ROWWISE, ids=["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(37, 129), (12, 100)], ids=["on_the_worker", "any_thread"])
@@ -154,23 +179,10 @@ def test_small_softmax_along_rows_runs_on_one_worker_thread_with_cpus_bits(
     does): CPU's result, launched and at the call."""
     torch.manual_seed(0)
     x = (torch.randn(*shape) * 4).to(dtype)
-    threads = torch.get_num_threads()
-    try:
-        by_threads = []
-        for count in (1, 2, 3, 7):
-            torch.set_num_threads(count)
-            by_threads.append(fn(x, -1))
-    finally:
-        torch.set_num_threads(threads)
+    by_threads = _by_thread_counts(lambda: fn(x, -1))
     assert all(torch.equal(by_threads[0], other) for other in by_threads[1:])
     x_ember = x.to("ember")
-    torch_ember.reset_launch_stats()
-    with torch.backends.ember.flags(async_execution=True):
-        stream = torch.ember.current_stream()
-        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
-        got = fn(x_ember, 1)  # dim 1 is the last one
-        torch.ember.synchronize()
-    assert torch_ember.launch_stats().get(op, {}).get("launched", 0) == 1
+    got = _queued_once(lambda: fn(x_ember, 1), op)  # dim 1 is the last one
     assert torch.equal(got.cpu(), fn(x, -1))
     torch_ember._C._engine_keep_workers_awake(False)
     with torch.backends.ember.flags(async_execution=True):
@@ -187,23 +199,10 @@ def test_small_gelu_runs_on_one_worker_thread_with_cpus_bits(dtype, queued_launc
     on it); the worker runs it on one thread: CPU's result, launched."""
     torch.manual_seed(0)
     x = (torch.randn(47, 129) * 4).to(dtype)
-    threads = torch.get_num_threads()
-    try:
-        by_threads = []
-        for count in (1, 2, 3, 7):
-            torch.set_num_threads(count)
-            by_threads.append(F.gelu(x))
-    finally:
-        torch.set_num_threads(threads)
+    by_threads = _by_thread_counts(lambda: F.gelu(x))
     assert all(torch.equal(by_threads[0], other) for other in by_threads[1:])
     x_ember = x.to("ember")
-    torch_ember.reset_launch_stats()
-    with torch.backends.ember.flags(async_execution=True):
-        stream = torch.ember.current_stream()
-        _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
-        got = F.gelu(x_ember)
-        torch.ember.synchronize()
-    assert torch_ember.launch_stats().get("aten::gelu", {}).get("launched", 0) == 1
+    got = _queued_once(lambda: F.gelu(x_ember), "aten::gelu")
     assert torch.equal(got.cpu(), by_threads[1])
 
 
