@@ -12,6 +12,7 @@ run only with EMBER_BENCH_SLOW=1. No timing assertions.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -554,3 +555,54 @@ def test_every_workload_on_every_system_slow():
                 ("ok", "skip", "WRONG") if (r.name, s.system) in KNOWN_WRONG else ("ok", "skip")
             )
             assert s.status in allowed, (r.name, s.system, s.reason)
+
+
+_MODE_LOG: dict[str, int] = {}
+
+
+def _counting_mode(w, threads: int) -> Prepared:
+    """CPU eager in a mode that records (in _MODE_LOG) each entry and the runs
+    made inside and outside it."""
+    inner = cpu_eager(w, threads)
+    log = _MODE_LOG
+    log.update(entries=0, inside=0, outside=0)
+    depth = [0]
+
+    @contextlib.contextmanager
+    def mode():
+        log["entries"] += 1
+        depth[0] += 1
+        try:
+            yield
+        finally:
+            depth[0] -= 1
+
+    def run_in_mode():
+        log["inside" if depth[0] else "outside"] += 1
+        return inner.run()
+
+    def run():
+        with mode():
+            return run_in_mode()
+
+    return Prepared(run=run, mode=mode, run_in_mode=run_in_mode)
+
+
+def test_a_timed_sample_enters_the_systems_mode_once():
+    """ember-sync, -parity, -medium and -tuned switch flags around their runs:
+    the harness enters such a mode once per timed sample (the switch cost
+    mlp-b1 ~12 us of ~90 a run when entered per run), and every run, timed or
+    not, happens inside it."""
+    moded = System("counting-mode", _counting_mode, lambda: "test", "counts entries")
+    settings = _settings()
+    settings.rounds = settings.min_rounds = 3
+    settings.sample_s = 0.001  # several runs a sample
+    (r,) = harness.run_suite(["mlp-b1"], [moded.name], settings, extra_systems={moded.name: moded})
+    res = r.get(moded.name)
+    log = _MODE_LOG
+    assert res.status == "ok" and res.number > 1 and len(res.samples_s) == 3
+    assert log["outside"] == 0
+    timed_runs = 3 * res.number
+    # the untimed runs (first run, warm-up, calibration) enter it one by one
+    untimed = log["inside"] - timed_runs
+    assert untimed >= 1 and log["entries"] == untimed + 3

@@ -15,8 +15,9 @@ For one workload:
    each system's last timed run is compared the same way after timing (a
    system whose timed runs go wrong, e.g. stale cached state, is WRONG too);
 3. timing: one *sample* is ``number`` back-to-back runs (garbage collector
-   off; ``number`` calibrated so a sample lasts >= ``sample_s``), yielding the
-   mean time per run. Rounds take one sample of every system, in an order that
+   off; ``number`` calibrated so a sample lasts >= ``sample_s``; a system's
+   ``mode``, if it has one, entered once around them), yielding the mean
+   time per run. Rounds take one sample of every system, in an order that
    rotates each round, so drift of the machine hits all alike. Rounds go on
    until ``rounds`` rounds, or until the time budget is spent once
    ``min_rounds`` are done. Reported: median, p10, p90, IQR of the samples.
@@ -24,6 +25,7 @@ For one workload:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -267,17 +269,20 @@ def count_flops(w: wl.Workload) -> float | None:
         return None
 
 
-def _sample(run: Callable[[], object], number: int) -> tuple[float, object]:
+def _sample(prepared: Prepared, number: int) -> tuple[float, object]:
     """Mean seconds per run over ``number`` back-to-back runs, and the last
-    run's output."""
+    run's output. A system with a ``mode`` enters it once, outside the timing."""
     enabled = gc.isenabled()
     gc.disable()
+    mode = prepared.mode() if prepared.mode is not None else contextlib.nullcontext()
+    run = prepared.run_in_mode if prepared.mode is not None else prepared.run
     try:
-        out = None
-        t0 = time.perf_counter()
-        for _ in range(number):
-            out = run()
-        return (time.perf_counter() - t0) / number, out
+        with mode:
+            out = None
+            t0 = time.perf_counter()
+            for _ in range(number):
+                out = run()
+            return (time.perf_counter() - t0) / number, out
     finally:
         if enabled:
             gc.enable()
@@ -421,7 +426,7 @@ def _time(
     for n in names:  # calibrate: a sample lasts >= sample_s
         # the fastest of three single runs: one slow first run (a pack made,
         # a cold cache) must not leave a system at one run per sample
-        one = min(_sample(prepared[n].run, 1)[0] for _ in range(3))
+        one = min(_sample(prepared[n], 1)[0] for _ in range(3))
         numbers[n] = max(1, min(10_000, math.ceil(s.sample_s / max(one, 1e-7))))
     samples: dict[str, list[float]] = {n: [] for n in names}
     t0 = time.perf_counter()
@@ -431,7 +436,7 @@ def _time(
         k = rounds % len(names)
         for n in names[k:] + names[:k]:
             try:
-                seconds, last_outputs[n] = _sample(prepared[n].run, numbers[n])
+                seconds, last_outputs[n] = _sample(prepared[n], numbers[n])
                 samples[n].append(seconds)
             except Exception as e:  # noqa: BLE001
                 res = result.get(n)

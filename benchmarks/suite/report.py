@@ -341,7 +341,9 @@ METHOD = """\
   {settle_ms:g} ms): worker threads that spin after a run (ONNX Runtime's
   for ~40 ms) would otherwise take a core from the system timed next. A sample is
   enough back-to-back runs to last >= {sample_ms:g} ms (garbage collector off)
-  and gives the mean time of one run. Rounds stop after {rounds}, or once
+  and gives the mean time of one run; a system that runs in a mode of its
+  own (the ember rows with flags or a matmul precision) enters it once per
+  sample, outside the timed runs. Rounds stop after {rounds}, or once
   {budget:g} s are spent and at least {min_rounds} are done.
 - **Reported:** median of the samples, p10 - p90 as the spread, and the
   fastest sample (min: the least disturbed by other load); "vs CPU eager"

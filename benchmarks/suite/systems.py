@@ -52,6 +52,12 @@ class Prepared:
     # a looser tolerance than the workload's, for a system that changes the
     # arithmetic on purpose (bf16 products); None: the workload's
     rtol: float | None = None
+    # A mode (flags, a precision) the system runs in, and its run without
+    # entering it: ``run`` enters ``mode()`` itself; a timed sample enters it
+    # once and calls ``run_in_mode`` back to back, so the switch is not timed
+    # (for mlp-b1 a flags() switch around each run cost ~12 us of ~90).
+    mode: Callable[[], contextlib.AbstractContextManager] | None = None
+    run_in_mode: Callable[[], tuple] | None = None
 
 
 @dataclass
@@ -472,8 +478,10 @@ def ember_eager(w: Workload, threads: int) -> Prepared:
 
 
 def _ember_within(w: Workload, mode: Callable[[], contextlib.AbstractContextManager]) -> Prepared:
-    """ember eager with ``mode()`` entered around each whole run of this system
-    only (the harness interleaves systems; the decode driver's argmax is inside)."""
+    """ember eager with ``mode()`` entered around this system's runs only: around
+    each timed sample (the harness interleaves systems sample by sample), and
+    around each run made alone (the first run, warm-up, checks; the decode
+    driver's argmax is inside)."""
     if not hasattr(torch, "ember"):
         raise Skip("torch_ember is not loaded")
     prepared = run_on(
@@ -490,6 +498,7 @@ def _ember_within(w: Workload, mode: Callable[[], contextlib.AbstractContextMana
             return inner()
 
     prepared.run = run
+    prepared.mode, prepared.run_in_mode = mode, inner
     return prepared
 
 
