@@ -4,10 +4,9 @@ Runs each workload once on the systems that are cheap to prepare (CPU eager,
 ember eager) plus a deliberately wrong system, checks the result structure,
 the report (Markdown, JSON, plots) and that the correctness check flags the
 wrong system and leaves it unranked. ember-parity (cpu_parity mode) must match
-CPU bitwise where the build has the switch. ONNX Runtime, OpenVINO and zentorch
-run on two cheap workloads when installed (requirements-bench.txt), else skip.
-Inductor and the full set of exporters on every workload take minutes: they
-run only with EMBER_BENCH_SLOW=1. No timing assertions.
+CPU bitwise where the build has the switch. The third-party peers (ONNX
+Runtime, OpenVINO, zentorch) are tests/test_bench_peers.py; the shared
+helpers are tests/bench_helpers.py. No timing assertions.
 """
 
 from __future__ import annotations
@@ -16,53 +15,12 @@ import contextlib
 import importlib.util
 import json
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
+from bench_helpers import WRONG, check_structure, run, settings
 from suite import harness, report, workloads
 from suite.systems import SYSTEMS, Prepared, System, cpu_eager
-
-SLOW = os.environ.get("EMBER_BENCH_SLOW") == "1"
-
-
-def _plus_one(w, threads: int) -> Prepared:
-    """CPU eager with every output off: x * 1.5 + 1 (tokens + 1)."""
-    inner = cpu_eager(w, threads)
-
-    def run():
-        out = inner.run()
-        return tuple(t * 1.5 + 1 if t.is_floating_point() else t + 1 for t in out)
-
-    return Prepared(run=run)
-
-
-WRONG = System("wrong-plus-one", _plus_one, lambda: "test", "adds 1 to every output")
-
-
-def _settings() -> harness.Settings:
-    # the process's own thread count: the harness sets it, other tests must not notice
-    return harness.Settings(
-        threads=torch.get_num_threads(),
-        rounds=1,
-        min_rounds=1,
-        budget_s=0.0,
-        warmup=0,
-        sample_s=0.0,
-        pause_s=0.0,
-        tiny=True,
-    )
-
-
-def _run(names, systems):
-    return harness.run_suite(names, systems, _settings(), extra_systems={WRONG.name: WRONG})
-
 
 FIXTURE_SYSTEMS = ["ember-eager", "ember-parity", WRONG.name]
 
@@ -77,34 +35,13 @@ PARITY_AT_START = torch.backends.ember.cpu_parity if _has_cpu_parity() else None
 
 @pytest.fixture(scope="module")
 def results():
-    return _run(list(workloads.WORKLOADS), FIXTURE_SYSTEMS)
-
-
-def _check_structure(r: harness.WorkloadResult, systems: list[str]) -> None:
-    assert [s.system for s in r.systems] == [harness.REFERENCE, *systems]
-    assert r.rounds == 1 and r.per_run >= 1 and r.params >= 0
-    assert r.flops is None or r.flops > 0
-    ref = r.get(harness.REFERENCE)
-    assert ref.status == "ok" and ref.ratio == pytest.approx(1.0) and ref.max_abs_diff == 0.0
-    for s in r.systems:
-        assert s.status in ("ok", "WRONG", "skip", "error"), s
-        if s.status in ("ok", "WRONG"):
-            assert len(s.samples_s) == 1 and s.number >= 1
-            assert s.median_s > 0 and s.p10_s <= s.median_s <= s.p90_s
-            assert s.ratio is not None and math.isfinite(s.ratio)
-            assert s.max_abs_diff is not None and s.prepare_s is not None
-            assert s.peak_rss_delta is not None and s.peak_rss_delta >= 0
-        else:
-            assert s.reason and s.rank is None and s.median_s is None
-    ranked = sorted(s.rank for s in r.systems if s.rank is not None)
-    assert ranked == list(range(1, len(ranked) + 1))
-    assert all((s.rank is not None) == (s.status == "ok") for s in r.systems)
+    return run(list(workloads.WORKLOADS), FIXTURE_SYSTEMS)
 
 
 def test_every_workload_runs_on_cpu_and_ember(results):
     assert [r.name for r in results] == list(workloads.WORKLOADS)
     for r in results:
-        _check_structure(r, FIXTURE_SYSTEMS)
+        check_structure(r, FIXTURE_SYSTEMS)
         ember = r.get("ember-eager")
         assert ember.status == "ok", (r.name, ember.reason)
         assert ember.rel_err <= r.rtol
@@ -128,7 +65,7 @@ def test_ember_async_runs_every_workload_correctly_and_restores_the_switch():
     GEMMs, convolutions, norms and attention launched matches CPU; the
     report sets it against ember-sync."""
     before = torch.backends.ember.async_execution
-    results = _run(list(workloads.WORKLOADS), ["ember-sync", "ember-async"])
+    results = run(list(workloads.WORKLOADS), ["ember-sync", "ember-async"])
     for r in results:
         launched = r.get("ember-async")
         assert launched.status == "ok", (r.name, launched.reason)
@@ -179,7 +116,7 @@ def _wrong_after_first(w, threads: int) -> Prepared:
 
 def test_a_system_wrong_only_in_timed_runs_is_flagged():
     late = System("wrong-when-timed", _wrong_after_first, lambda: "test", "right once")
-    (r,) = harness.run_suite(["mlp-b1"], [late.name], _settings(), extra_systems={late.name: late})
+    (r,) = harness.run_suite(["mlp-b1"], [late.name], settings(), extra_systems={late.name: late})
     wrong = r.get(late.name)
     assert wrong.status == "WRONG" and wrong.rank is None
     assert wrong.reason.startswith("timed run: ") and "tolerance" in wrong.reason
@@ -195,7 +132,7 @@ def test_max_alloc_counts_only_the_systems_own_memory():
     # Synchronous: queued results alive at once vary with the engine's timing
     # (a few blocks of this tiny model's 7-10 KiB peak).
     with torch.backends.ember.flags(async_execution=False):
-        (r,) = harness.run_suite(["mlp-b1"], ["ember-eager", again.name], _settings(), extra)
+        (r,) = harness.run_suite(["mlp-b1"], ["ember-eager", again.name], settings(), extra)
     first, second = r.get("ember-eager"), r.get(again.name)
     assert first.status == second.status == "ok"
     assert first.ember_max_allocated > 0
@@ -221,7 +158,7 @@ def test_compiled_system_carries_no_ember_memory_into_the_next_workload():
     reset_compiler()
     gc.collect()
     torch.ember.empty_cache()
-    rs = harness.run_suite(["mlp-b1", "mlp-b1"], ["ember-compiled"], _settings())
+    rs = harness.run_suite(["mlp-b1", "mlp-b1"], ["ember-compiled"], settings())
     assert all(r.get("ember-compiled").status == "ok" for r in rs)
     assert not any("still allocated" in n for r in rs for n in r.notes), rs[1].notes
     assert torch.ember.memory_allocated() == 0
@@ -306,7 +243,7 @@ def test_report_markdown_json_and_plots(results, tmp_path):
         "mem_gib": 1.0,
         "flags": {"avx2": True, "amx_bf16": False},
         "os": "Linux",
-        "settings": vars(_settings()),
+        "settings": vars(settings()),
         "systems": {n: {"version": "1", "config": "c"} for n in ("cpu-eager", "ember-eager")},
         "packages": {"transformers": "x"},
     }
@@ -464,54 +401,6 @@ def test_fma_pipes_take_the_better_of_the_one_core_and_all_core_loops():
     assert peak.fma_pipes(0.5, None, 1, 3.0, 8) == 1  # never below one pipe
 
 
-@pytest.mark.parametrize("system", ["onnxruntime", "openvino", "zentorch"])
-def test_exporter_systems_on_cheap_workloads(system):
-    module = {"onnxruntime": "onnxruntime", "openvino": "openvino", "zentorch": "zentorch"}[system]
-    if importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} not installed (make bench-deps)")
-    if os.environ.get("EMBER_SANITIZER"):
-        # Runs no ember code; OpenVINO exits under the preloaded ASan runtime.
-        pytest.skip(f"{module} is not run under make sanitize (a third-party runtime)")
-    if system == "zentorch":
-        _zentorch_or_skip()
-    for r in _run(["mlp-b1", "gemm-fp32"], [system]):
-        _check_structure(r, [system])
-        assert r.get(system).status == "ok", r.get(system).reason
-
-
-def _zentorch_or_skip() -> None:
-    if importlib.util.find_spec("zentorch") is None:
-        pytest.skip("zentorch not installed (make bench-deps)")
-    from suite.systems import zentorch_unusable
-
-    if zentorch_unusable():
-        pytest.skip(zentorch_unusable())
-
-
-def test_zentorch_leaves_the_shared_inputs_alone():
-    # zentorch reorders a GEMM's right operand in place on its first run (seen on the
-    # bf16 GEMM); the system must run on copies, or every system after it is wrong.
-    _zentorch_or_skip()
-    w = workloads.build("gemm-bf16", tiny=True)
-    saved = [x.clone() for x in w.inputs]
-    prepared = SYSTEMS["zentorch"].fn(w, torch.get_num_threads())
-    try:
-        prepared.run()
-    finally:
-        prepared.close()
-    assert all(torch.equal(a, b) for a, b in zip(saved, w.inputs))
-
-
-def test_zentorch_skips_with_reason_when_missing(monkeypatch):
-    from suite import systems
-
-    monkeypatch.setattr(systems, "zentorch_unusable", lambda: "zentorch not installed (test)")
-    r = _run(["mlp-b1"], ["zentorch"])[0]
-    _check_structure(r, ["zentorch"])
-    assert r.get("zentorch").status == "skip"
-    assert "zentorch not installed" in r.get("zentorch").reason
-
-
 def test_default_workloads_leave_bf16_out_on_cpus_without_bf16(monkeypatch, tmp_path):
     assert workloads.default_names(bf16=True) == list(workloads.WORKLOADS)
     no_bf16 = workloads.default_names(bf16=False)
@@ -534,27 +423,6 @@ def test_default_workloads_leave_bf16_out_on_cpus_without_bf16(monkeypatch, tmp_
     out = tmp_path / "names.md"
     assert op_breakdown.main(["--out", str(out)]) == 0
     assert out.read_text().split(",") == no_bf16
-
-
-# Wrong results of other systems that the suite reports as such (third-party bugs).
-KNOWN_WRONG = {
-    # zentorch 2.13.0.2: Inductor hands zentorch_addmm the M=1 activation of a decode
-    # step with stride (0, 1); AOCL rejects lda=0 ("parameter number 9 had an illegal
-    # value") and the output is left uninitialized (NaN / garbage), tiny and full size.
-    ("gpt2-decode", "zentorch"),
-}
-
-
-@pytest.mark.skipif(not SLOW, reason="minutes of compiling/exporting: EMBER_BENCH_SLOW=1")
-def test_every_workload_on_every_system_slow():
-    names = [n for n in SYSTEMS if n != harness.REFERENCE]
-    for r in _run(list(workloads.WORKLOADS), names):
-        _check_structure(r, names)
-        for s in r.systems:
-            allowed = (
-                ("ok", "skip", "WRONG") if (r.name, s.system) in KNOWN_WRONG else ("ok", "skip")
-            )
-            assert s.status in allowed, (r.name, s.system, s.reason)
 
 
 _MODE_LOG: dict[str, int] = {}
@@ -594,10 +462,10 @@ def test_a_timed_sample_enters_the_systems_mode_once():
     mlp-b1 ~12 us of ~90 a run when entered per run), and every run, timed or
     not, happens inside it."""
     moded = System("counting-mode", _counting_mode, lambda: "test", "counts entries")
-    settings = _settings()
-    settings.rounds = settings.min_rounds = 3
-    settings.sample_s = 0.001  # several runs a sample
-    (r,) = harness.run_suite(["mlp-b1"], [moded.name], settings, extra_systems={moded.name: moded})
+    timed = settings()
+    timed.rounds = timed.min_rounds = 3
+    timed.sample_s = 0.001  # several runs a sample
+    (r,) = harness.run_suite(["mlp-b1"], [moded.name], timed, extra_systems={moded.name: moded})
     res = r.get(moded.name)
     log = _MODE_LOG
     assert res.status == "ok" and res.number > 1 and len(res.samples_s) == 3
