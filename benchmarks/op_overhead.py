@@ -150,17 +150,29 @@ def _sync(device: str) -> None:
         torch.ember.synchronize()
 
 
-def _sample_us(fn: Callable, inputs: Sequence[torch.Tensor], device: str, number: int) -> float:
-    """Mean time of one call, in microseconds, over ``number`` back-to-back calls."""
+def _sample_us(
+    fn: Callable, inputs: Sequence[torch.Tensor], device: str, number: int, keep: bool = False
+) -> float:
+    """Mean time of one call, in microseconds, over ``number`` back-to-back calls.
+
+    ``keep`` holds every result until the sample's synchronize: ember's
+    elementwise chain does not compute a result that nobody holds when the
+    chain runs (docs/engine.md), so a large ``add`` whose result is dropped at
+    once would time no arithmetic at all.
+    """
+    kept: list[torch.Tensor] = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         start = time.perf_counter()
         for _ in range(number):
-            fn(*inputs)
+            result = fn(*inputs)
+            if keep:
+                kept.append(result)
         _sync(device)
         elapsed = time.perf_counter() - start
     finally:
+        del kept
         if gc_was_enabled:
             gc.enable()
     return elapsed / number * 1e6
@@ -183,15 +195,18 @@ def _measure(case: Case, number: int, samples: int, warmup: int) -> Result:
         actual = case.fn(*ember_inputs)
         bitwise = actual.device.type == DEVICE and torch.equal(expected, actual.cpu())
         del expected, actual
+        # Large results are kept (see _sample_us); small ones are below the size
+        # ember chains, and keeping thousands of them would time the allocator instead.
+        keep = case.regime == "large"
         for _ in range(warmup):
             for device, inputs in runs.items():
-                _sample_us(case.fn, inputs, device, number)
+                _sample_us(case.fn, inputs, device, number, keep)
 
         times: dict[str, list[float]] = {"cpu": [], DEVICE: []}
         for round_index in range(samples):
             order = ["cpu", DEVICE] if round_index % 2 == 0 else [DEVICE, "cpu"]
             for device in order:
-                times[device].append(_sample_us(case.fn, runs[device], device, number))
+                times[device].append(_sample_us(case.fn, runs[device], device, number, keep))
 
     cpu_us = statistics.median(times["cpu"])
     ember_us = statistics.median(times[DEVICE])

@@ -105,3 +105,26 @@ def test_serving_table_gives_medians_and_per_round_ratio_ranges():
     assert row[7].rstrip(" |") == "1.80x (1.60-1.82)"
     one_round = {"m": {label: [v[0]] for label, v in samples["bert-tiny"].items()}}
     assert serving.serving_table(one_round, labels, 2)[-1].split(" | ")[5] == "1.20x"
+
+
+@pytest.mark.usefixtures("held_work")
+def test_op_overhead_large_samples_time_computed_results():
+    """A large add whose result is dropped at once is never computed on ember
+    (the elementwise chain skips it), so the large regime keeps its results."""
+    if not hasattr(torch, "ember"):
+        pytest.skip("torch_ember is not loaded")
+    import op_overhead
+
+    import torch_ember
+
+    a, b = (torch.randn(64, 1024).to("ember") for _ in range(2))
+    with torch.no_grad():
+        op_overhead._sample_us(torch.add, [a, b], "ember", 3)
+        dropped = torch_ember.chain_stats()
+        torch_ember.reset_chain_stats()
+        op_overhead._sample_us(torch.add, [a, b], "ember", 3, keep=True)
+        kept = torch_ember.chain_stats()
+    if dropped["chains"] == 0:
+        pytest.skip("no elementwise chain on this CPU (needs AVX-512F or AVX2)")
+    assert dropped["skipped"] > 0  # what the keep flag is for
+    assert kept["skipped"] == 0 and kept["written"] == 3
