@@ -122,7 +122,8 @@ def _a_sleeping_worker():
     on, and a small tensor on it."""
     _C._engine_keep_workers_awake(False)
     stream = torch.ember.current_stream()
-    x = torch.randn(64, device="ember")
+    # small, but over the tiny size that runs at the call on any idle stream
+    x = torch.randn(2 * _C._tiny_work_numel(), device="ember")
     torch.ember.synchronize()
     _wait_until_the_worker_sleeps(stream)
     # A pause longer than the engine's burst gap (1 ms): what the caller
@@ -189,6 +190,37 @@ def test_a_skinny_gemm_streaming_a_large_pack_is_queued_while_the_worker_sleeps(
         )
     torch.testing.assert_close(y_large.cpu().double(), expected_large, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y_small.cpu().double(), expected_small, rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_work_runs_at_the_call_on_an_idle_stream_and_queues_behind_work():
+    """Tiny work (up to _tiny_work_numel elements) costs the host more to
+    queue than to run: on an idle stream it runs at the call whatever the
+    worker does (polling or asleep); behind queued work it is queued, in
+    stream order. Elementwise ops (ember's loop), a launched CPU kernel
+    (softmax), layer norm's own launch and an in-place op alike."""
+    _C._engine_keep_workers_awake(False)
+    x = torch.randn(64, _C._tiny_work_numel() // 64, device="ember")
+    w = torch.randn(x.shape[1], device="ember")
+
+    def ops():
+        y = x.clone()
+        y.mul_(0.5)  # in place (launched_inplace)
+        return (x * 2, F.softmax(x, -1), F.layer_norm(x, (x.shape[1],), w, w), y)
+
+    units = ["aten::mul.Tensor", "aten::_softmax", "aten::native_layer_norm", "aten::mul_.Tensor"]
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    at_call = ops()
+    assert torch.ember.current_stream().query()  # nothing was queued
+    assert all(launched_count(u) == 0 for u in units), torch_ember.launch_stats()
+    sleep_on_stream(0.05)
+    queued = ops()
+    assert all(launched_count(u) == 1 for u in units if u != "aten::mul_.Tensor")
+    xc, wc = x.cpu(), w.cpu()
+    expected = (xc * 2, F.softmax(xc, -1), F.layer_norm(xc, (xc.shape[1],), wc, wc), xc * 0.5)
+    for got in (at_call, queued):
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("pause", [0.0, 0.0003])

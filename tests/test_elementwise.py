@@ -342,3 +342,20 @@ def test_arithmetic_under_cpu_parity_is_cpus_kernel(op, capfd):
         out = ARITH[op](x.to(DEVICE), y.to(DEVICE))
     assert "ember/" not in capfd.readouterr().err
     assert torch.equal(out.cpu(), ARITH[op](x, y))
+
+
+@pytest.mark.parametrize("shape", [(8, 8), (1, 1, 3072), (2, 1, 3), (), (4097,)])
+@pytest.mark.parametrize("op", sorted(ARITH))
+def test_tiny_arithmetic_on_the_synchronous_engine_is_the_loop_with_cpus_bits(op, shape, capfd):
+    """The synchronous engine runs tiny work (up to _tiny_work_numel
+    elements) in ember's loop too, where CPU's delegated kernel cost more
+    than the op; larger work keeps CPU's kernel there."""
+    _needs_avx512()
+    x, y = _special_fp32(shape, 3), _special_fp32(shape, 4)
+    with be.flags(async_execution=False), be.verbose(1):
+        out = ARITH[op](x.to(DEVICE), y.to(DEVICE))
+    tiny = x.numel() <= torch_ember._C._tiny_work_numel()
+    assert (f"ember/{ARITH_ROUTE[op]}" in capfd.readouterr().err) == tiny
+    ref = ARITH[op](x, y)
+    assert out.shape == ref.shape and out.stride() == ref.stride()
+    assert torch.equal(_bits(out.cpu()), _bits(ref))

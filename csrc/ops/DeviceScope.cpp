@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -121,6 +122,25 @@ bool runs_at_call(c10::DeviceIndex device, int64_t result_numel) {
   stream.submit_held();  // its state decides
   return !(capture::underway() && stream.capture() != nullptr) &&
          runs_at_call(stream, result_numel);
+}
+
+namespace {
+std::atomic<bool> tiny_work_at_call_on{true};
+}  // namespace
+
+void set_tiny_work_at_call(bool on) {
+  tiny_work_at_call_on.store(on, std::memory_order_relaxed);
+}
+
+runtime::Stream* idle_stream_for_tiny_work(c10::DeviceIndex device,
+                                           int64_t numel) {
+  if (numel > kTinyWorkNumel || capture::underway() ||
+      !tiny_work_at_call_on.load(std::memory_order_relaxed) ||
+      runtime::Stream::workers_kept_awake()) {
+    return nullptr;
+  }
+  runtime::Stream& stream = runtime::device(device).streams().current();
+  return stream.query() ? &stream : nullptr;
 }
 
 void run_launched_inline(runtime::Stream& stream, const char* name,

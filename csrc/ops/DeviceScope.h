@@ -158,6 +158,23 @@ int64_t inline_result_numel();
 // copies its result into the preallocated one), so the caller can take the
 // synchronous form instead.
 bool runs_at_call(c10::DeviceIndex device, int64_t result_numel);
+
+// Tiny work (at most kTinyWorkNumel elements) runs at the call on an idle
+// stream in either engine: queuing it (the unit, the worker's hand-off)
+// costs the host more than the kernel, and the synchronous engine's CPU
+// delegation more than ember's own loop (an 8x8 add, 2-core Zen 3: CPU eager
+// 1.58 us, launched 1.91, synchronous 2.41, at the call on ember's loop 1.45).
+// Returns the device's current stream where `numel` elements of work run at
+// the call now, nullptr where the work takes its usual path: a stream with
+// queued or held work keeps its order by queueing behind it, a capture
+// records every launch, and tests that count launches keep every worker
+// awake (Stream::keep_workers_awake).
+inline constexpr int64_t kTinyWorkNumel = 4096;
+runtime::Stream* idle_stream_for_tiny_work(c10::DeviceIndex device,
+                                           int64_t numel);
+// Turns the rule off (A/B measurements, tests): tiny work then takes the
+// usual path, as larger work does.
+void set_tiny_work_at_call(bool on);
 // The same for `stream` (not capturing), which is idle or not: a large
 // result on an idle stream, or any result while the stream's worker sleeps
 // with nothing queued (queued, the work would wait for the worker's

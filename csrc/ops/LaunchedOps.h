@@ -19,6 +19,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/WrapDimMinimal.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -145,6 +146,36 @@ struct RowwiseOutForm {
   }
 };
 
+// The largest tensor argument and the first ember device among them, for
+// tiny_work_at_call.
+struct TinyScan {
+  int64_t numel = 0;
+  std::optional<c10::DeviceIndex> device;
+  void add(const at::Tensor& t) {
+    if (!t.defined()) return;
+    numel = std::max(numel, t.numel());
+    if (!device && t.is_privateuseone()) device = t.device().index();
+  }
+  void add(const std::optional<at::Tensor>& t) {
+    if (t.has_value()) add(*t);
+  }
+  template <class T>
+  void add(const T&) {}
+};
+
+// Whether a launched op over these arguments runs its synchronous form now:
+// tensor operands of at most kTinyWorkNumel elements on an idle stream
+// (idle_stream_for_tiny_work). A broadcast of tiny operands may give a
+// larger result, which on an idle stream runs at the call anyway from
+// inline_result_numel() elements up.
+template <class... Args>
+bool tiny_work_at_call(const Args&... args) {
+  TinyScan scan;
+  (scan.add(args), ...);
+  return scan.device && scan.numel <= kTinyWorkNumel &&
+         idle_stream_for_tiny_work(*scan.device, scan.numel) != nullptr;
+}
+
 // Whether a launched kernel form declares itself split-free (kSplitFree).
 template <class Kernel>
 constexpr bool split_free() {
@@ -163,7 +194,9 @@ at::Tensor launched(Args... args) {
   // Synchronous, while a graph may capture: the same out= form runs at the
   // call and is recorded, so a replay writes the captured result in place.
   const bool recording = !launch_async() && capture::underway();
-  if (!launch_async() && !recording) return functional<Op, Args...>(args...);
+  if ((!launch_async() && !recording) || tiny_work_at_call(args...)) {
+    return functional<Op, Args...>(args...);
+  }
   at::Tensor out;
   {
     DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
@@ -324,7 +357,11 @@ auto launch_into(const std::string& name, MakeOut&& make_out, Kernel kernel,
 template <class Op, class Meta, class... Args>
 at::Tensor& launched_inplace_writing(int64_t work_numel, at::Tensor& self,
                                      Args... args) {
-  if (!launch_async()) return inplace<Op, Args...>(self, args...);
+  if (!launch_async() ||
+      (self.is_privateuseone() &&
+       idle_stream_for_tiny_work(self.device().index(), work_numel))) {
+    return inplace<Op, Args...>(self, args...);
+  }
   {
     DelegationCall call(op_name<Op>(), /*accepts_cpu_tensors=*/false);
     at::Tensor self_cpu = call.to_cpu(self, /*written=*/true);

@@ -81,7 +81,15 @@ void bind_engine(py::module& m) {
         "they are not held by default (tests of the AVX2 epilogues).");
   m.def("_engine_keep_workers_awake", &rt::Stream::keep_workers_awake,
         "While set, stream workers count as awake: small launched work is "
-        "queued even while a worker sleeps (tests that count launched work).");
+        "queued even while a worker sleeps, and tiny work on an idle stream "
+        "too (tests that count launched work).");
+  m.def(
+      "_tiny_work_numel", [] { return kTinyWorkNumel; },
+      "Work of at most this many elements runs at the call on an idle "
+      "stream, in either engine (idle_stream_for_tiny_work).");
+  m.def("_engine_tiny_work_at_call", &set_tiny_work_at_call,
+        "Whether tiny work runs at the call on an idle stream (on by "
+        "default; off for A/B measurements).");
   m.def(
       "_engine_worker_asleep",
       [](int device, int64_t stream_id) {

@@ -117,24 +117,31 @@ Result native_layer_norm(T input, c10::SymIntArrayRef normalized_shape,
   const int64_t rows = c10::multiply_integers(input.sizes().begin(),
                                               input.sizes().begin() + axis);
   const int64_t row_size = input.numel() / rows;  // launchable: not empty
-  const bool queued = launch_on_device(
-      input.device().index(), unboxed::op_name<Op>().c_str(),
-      [x = ContiguousView::of(input), g = ContiguousView::of(gamma),
-       b = ContiguousView::of(beta), y = ContiguousView::of(out),
-       m = ContiguousView::of(mean), r = ContiguousView::of(rstd), eps, rows,
-       row_size] {
-        // CPU's kernel (the one native_layer_norm calls) writing into the
-        // results: no allocation or copy on the worker. Rows are
-        // normalised one per thread: split-free.
-        at::Tensor out_cpu = y.cpu();
-        at::Tensor mean_cpu = m.cpu();
-        at::Tensor rstd_cpu = r.cpu();
-        run_split_free([&] {
-          cpu_layer_norm_kernel()(x.cpu(), g.cpu(), b.cpu(), rows, row_size,
-                                  eps, &out_cpu, &mean_cpu, &rstd_cpu);
-        });
-      },
-      out.numel());
+  const c10::DeviceIndex device = input.device().index();
+  const char* name = unboxed::op_name<Op>().c_str();
+  auto work = [x = ContiguousView::of(input), g = ContiguousView::of(gamma),
+               b = ContiguousView::of(beta), y = ContiguousView::of(out),
+               m = ContiguousView::of(mean), r = ContiguousView::of(rstd), eps,
+               rows, row_size] {
+    // CPU's kernel (the one native_layer_norm calls) writing into the
+    // results: no allocation or copy on the worker. Rows are
+    // normalised one per thread: split-free.
+    at::Tensor out_cpu = y.cpu();
+    at::Tensor mean_cpu = m.cpu();
+    at::Tensor rstd_cpu = r.cpu();
+    run_split_free([&] {
+      cpu_layer_norm_kernel()(x.cpu(), g.cpu(), b.cpu(), rows, row_size, eps,
+                              &out_cpu, &mean_cpu, &rstd_cpu);
+    });
+  };
+  // Tiny work on an idle stream: at the call, as the worker would run it.
+  if (runtime::Stream* idle =
+          idle_stream_for_tiny_work(device, input.numel())) {
+    run_launched_inline(*idle, name, device, work);
+    return {std::move(out), std::move(mean), std::move(rstd)};
+  }
+  const bool queued =
+      launch_on_device(device, name, std::move(work), out.numel());
   if (queued) count_launch(unboxed::op_name<Op>());
   return {std::move(out), std::move(mean), std::move(rstd)};
 }

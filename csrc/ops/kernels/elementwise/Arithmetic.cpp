@@ -11,8 +11,10 @@
 // rounded IEEE operation, as in CPU's kernels (its alpha-1 fmadd, b * 1 +
 // a, rounds once too; relu is the same max instruction), so the results
 // are CPU's bits at any split. The result is contiguous, as CPU's
-// TensorIterator lays out such operands. Anything else, cpu_parity and a
-// synchronous engine run CPU's kernel as before.
+// TensorIterator lays out such operands. Tiny work (kTinyWorkNumel) on an
+// idle stream runs the loop at the call in either engine (DeviceScope.h).
+// Anything else, cpu_parity and larger work on the synchronous engine run
+// CPU's kernel as before.
 // GCC 12 reports its own intrinsics' deliberately undefined register
 // operands (_mm512_undefined_*) as uninitialised.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -105,12 +107,17 @@ bool alpha_is_one(S alpha) {
   return alpha.isFloatingPoint() && alpha.toDouble() == 1.0;
 }
 
-// The launched form of `Op` over `a` and `b` (nullopt: not covered).
+// ember's loop for `Op` over `a` and `b`, launched or at the call (nullopt:
+// not covered: CPU's kernel).
 template <Arith Op>
 std::optional<at::Tensor> own_arith(T a, const at::Tensor* b,
                                     const std::string& name,
                                     const char* route) {
-  if (!launch_async() || !vector_math_supported() || !flat_f32(a)) {
+  // Synchronous execution takes ember's loop for tiny work only (below);
+  // larger work runs CPU's kernel there, as cpu_parity's always does.
+  const bool async = launch_async();
+  const bool tiny = a.numel() <= kTinyWorkNumel && !flags::cpu_parity();
+  if ((!async && !tiny) || !vector_math_supported() || !flat_f32(a)) {
     return std::nullopt;
   }
   ArithWork w{a.storage(), {},   {},      a.const_data_ptr<float>(),
@@ -129,6 +136,15 @@ std::optional<at::Tensor> own_arith(T a, const at::Tensor* b,
       return std::nullopt;
     }
   }
+  if (runtime::Stream* stream =
+          tiny ? idle_stream_for_tiny_work(a.device().index(), w.n) : nullptr) {
+    observe::mark_path(observe::ExecutionPath::kNative, route);
+    at::Tensor out = at::empty(a.sizes(), a.options());
+    w.out = out.mutable_data_ptr<float>();
+    stream->run([&w] { arith_f32<Op>(w.a, w.b, w.scalar, w.out, 0, w.n); });
+    return out;
+  }
+  if (!async) return std::nullopt;
   observe::mark_path(observe::ExecutionPath::kNative, route);
   // The step after a held convolution (ConvEpilogue.h)?
   if constexpr (Op == Arith::kRelu) {
