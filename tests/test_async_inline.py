@@ -1,9 +1,11 @@
-"""Where a launched op runs (docs/engine.md, "Large results run at the
+"""Where a launched op runs (docs/engine-launch-rules.md, "Large results run at the
 call on an idle stream"): a result of at least 64 Ki elements is computed at
 the call while its stream has nothing queued, and is queued behind work that
 is; small results are queued, except while the stream's worker sleeps with
 nothing queued (then they run at the call, and a long burst of them rouses
-the worker, unless the kernels run at the call took most of its time). Either way the result is what synchronous execution gives."""
+the worker, unless the kernels run at the call took most of its time), and
+tiny work runs at the call on any idle stream. Either way the result is what
+synchronous execution gives."""
 
 import os
 import threading

@@ -58,7 +58,7 @@ def test_gelu_chain_is_one_pass_writing_only_its_result_with_unchained_bits():
 
 def test_a_submitted_chain_runs_at_the_call_or_queues_as_one_launch(queued_launches):
     """Submitted, the chain is one launched unit under the engine's rules
-    (docs/engine.md): a large one runs at the call on an idle stream and
+    (docs/engine-launch-rules.md): a large one runs at the call on an idle stream and
     is queued behind queued work."""
     x = torch.randn(N).to("ember")
     torch_ember.reset_launch_stats()
