@@ -102,6 +102,9 @@ def _cases(large_n: int, linear_n: int) -> list[Case]:
     def softmax(x):
         return F.softmax(x, dim=-1)
 
+    def cat(a, b):
+        return torch.cat([a, b])
+
     # out= variants: the same kernels writing into preallocated outputs, so neither
     # device allocates (CPU's allocator maps and faults in fresh pages for every
     # large functional result; ember's caching allocator reuses its blocks).
@@ -127,6 +130,9 @@ def _cases(large_n: int, linear_n: int) -> list[Case]:
             Case("linear", regime, linear_shape, inputs(lin_sq, lin_sq, (lin,)), F.linear),
             Case("softmax", regime, f"{n}x{n}", inputs(sq), softmax),
             Case("layer_norm", regime, f"{n}x{n}", inputs(sq, vec, vec), layer_norm),
+            # the boxed delegation (no unboxed registration), and a join
+            Case("exp", regime, f"{n}x{n}", inputs(sq), torch.exp),
+            Case("cat", regime, f"2 x {n}x{n}", inputs(sq, sq), cat),
         ]
     for regime, n, lin in (("small_out", 8, 8), ("large_out", large_n, linear_n)):
         sq, lin_sq = (n, n), (lin, lin)
