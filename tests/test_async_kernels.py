@@ -223,3 +223,68 @@ def test_gemm_argument_errors_are_raised_at_the_call():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         x @ y.cpu()
     torch.testing.assert_close((x @ y).cpu(), x.cpu() @ y.cpu())  # nothing left broken
+
+
+# name -> whether the op's domain is the non-negative numbers
+_UNARY_MATH = {
+    "exp": False,
+    "expm1": False,
+    "log": True,
+    "log1p": True,
+    "sqrt": True,
+    "rsqrt": True,
+    "reciprocal": False,
+    "neg": False,
+    "sin": False,
+    "cos": False,
+    "erf": False,
+    "sigmoid": False,
+    "silu": False,
+}
+
+
+@pytest.mark.parametrize("name", list(_UNARY_MATH))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_unary_math_is_launched_with_cpus_bits(name, dtype):
+    """RMSNorm's rsqrt, rotary embeddings' sin, cos and neg, SwiGLU's silu
+    and the other structured unary ops are launched (they ran at the call
+    through the boxed delegation, draining the queue: a Llama decode step
+    waited on each), with the bits of CPU's kernel."""
+    if name in ("sigmoid", "silu") and dtype == torch.int64:
+        pytest.skip("CPU's kernels take floating point only")
+    op = getattr(F, name) if name == "silu" else getattr(torch, name)
+    torch.manual_seed(0)
+    x_cpu = torch.randn(3, 4000) * 4
+    if _UNARY_MATH[name]:
+        x_cpu = x_cpu.abs()
+    x_cpu = x_cpu.to(dtype)
+    x = x_cpu.to("ember")
+    # > 4096 elements (tiny work on an idle stream runs at the call), strided
+    _assert_launched_like_synchronous(lambda: op(x[:, ::2]), f"aten::{name}")
+    assert torch.equal(op(x[:, ::2]).cpu(), op(x_cpu[:, ::2]))
+
+
+@pytest.mark.parametrize(
+    "name, op",
+    [
+        ("neg_bool", lambda x: torch.neg(x.bool())),
+        ("silu_int", F.silu),
+        ("gelu_int", F.gelu),
+        ("softmax_int", lambda x: torch.softmax(x, -1)),
+        ("log_softmax_int", lambda x: torch._log_softmax(x, -1, False)),
+    ],
+)
+def test_kernel_dtype_errors_are_raised_at_the_call(name, op):
+    """Errors a launched op's CPU kernel would raise only when it ran (its
+    dtype dispatch: "not implemented for 'Long'") are raised at the call,
+    with CPU's message, as CUDA raises them; nothing is left for the worker
+    to raise at the next synchronisation."""
+    x_cpu = torch.ones(4, 3000, dtype=torch.int64)
+    x = x_cpu.to("ember")
+    sleep_on_stream(0.05)
+    with pytest.raises(RuntimeError) as on_cpu:
+        op(x_cpu)
+    with pytest.raises(RuntimeError) as on_ember:
+        op(x)
+    assert str(on_ember.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+    torch.ember.synchronize()  # no asynchronous error left behind

@@ -4,9 +4,12 @@ across shapes, masks and layouts, with CPU's result layouts and logsumexp
 (backward uses it), and the CPU-parity switch restoring CPU's kernel bit for
 bit. Kernel selection itself is tests/test_backends_sdpa.py's."""
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
+from async_helpers import launched_count, returned_before_the_sleep_ended, sleep_on_stream
 from isa import VECTOR_KERNELS
 
 import torch_ember
@@ -247,3 +250,52 @@ def test_bf16_reads_its_operands_in_place_and_launches(shape, causal):
         assert stats.get(name, {}).get("launched", 0) == 1, stats
     assert torch.equal(out.cpu(), out_sync.cpu()) and torch.equal(lse.cpu(), lse_sync.cpu())
     assert out.dtype == torch.bfloat16 and out.stride() == out_sync.stride()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(1, 8, 1, 33, 64), (2, 6, 20, 20, 16), (1, 8, 32, 32, 64)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+@pytest.mark.parametrize("kv_heads", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_takes_embers_kernel_and_is_launched(shape, kv_heads, causal):
+    """Fewer key/value heads than query heads (Llama's, Mistral's, Qwen's
+    enable_gqa=True): query head h reads key/value head h // group, as CPU's
+    kernel does, and the call is launched on the stream instead of running
+    CPU's kernel at the call (which drained the queue before every decode
+    step's attention and left OpenMP threads spinning beside the worker)."""
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's attention kernel needs AVX-512F or AVX2")
+    b, h, lq, lk, d = shape
+    q, _, _ = _qkv(b, h, lq, lk, d, seed=lq)
+    _, k, v = _qkv(b, kv_heads, lq, lk, d, seed=lk + 1)
+    out_cpu, lse_cpu = FLASH(q, k, v, 0.0, causal)
+    group = h // kv_heads
+    ref = _reference(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), None, causal)
+    qe, ke, ve = (t.to(DEVICE) for t in (q, k, v))
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    with be.flags(async_execution=True):
+        sleep_on_stream()
+        begin = time.monotonic()
+        out = F.scaled_dot_product_attention(qe, ke, ve, is_causal=causal, enable_gqa=True)
+        _, lse = FLASH(qe, ke, ve, 0.0, causal)
+        assert returned_before_the_sleep_ended(begin)  # queued behind the sleep
+        torch.ember.synchronize()
+    assert launched_count("aten::_scaled_dot_product_flash_attention_for_cpu") == 2
+    assert out.stride() == out_cpu.stride() and lse.stride() == lse_cpu.stride()
+    err = (out.cpu().double() - ref).abs().max().item()
+    cpu_err = (out_cpu.double() - ref).abs().max().item()
+    assert err <= 4 * cpu_err + 1e-6, (err, cpu_err)
+    torch.testing.assert_close(lse.cpu(), lse_cpu, rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_query_attention_with_uneven_groups_raises_like_cpu():
+    q, k, v = _qkv(1, 8, 4, 6, 16)
+    k3, v3 = k[:, :3], v[:, :3]
+    with pytest.raises(RuntimeError) as on_cpu:
+        F.scaled_dot_product_attention(q, k3, v3, enable_gqa=True)
+    with pytest.raises(RuntimeError) as on_ember:
+        F.scaled_dot_product_attention(q.to(DEVICE), k3.to(DEVICE), v3.to(DEVICE), enable_gqa=True)
+    assert str(on_ember.value) == str(on_cpu.value)

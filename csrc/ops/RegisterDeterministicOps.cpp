@@ -75,16 +75,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_copy.out", serial());
   // Elementwise ops whose vectorised and scalar loops round differently:
   // ATen's thread split decides which elements take the scalar tail.
-  // Functional forms run on fixed chunks; in-place and out= forms serially.
+  // Functional forms run on fixed chunks (sigmoid and silu too, registered
+  // in ops/kernels/HotOps.cpp); in-place and out= forms serially.
   const auto chunked = [] {
     return torch::CppFunction::makeFromBoxedFunction<
         &det::elementwise_when_deterministic>();
   };
   for (const char* name :
-       {"sigmoid", "sigmoid_backward", "silu", "silu_backward", "mish",
-        "mish_backward", "softplus", "softplus_backward", "elu", "elu_backward",
-        "gelu_backward", "pow.Tensor_Tensor", "pow.Scalar", "atan2", "atanh",
-        "cosh", "sinh", "exp2"}) {
+       {"sigmoid_backward", "silu_backward", "mish", "mish_backward",
+        "softplus", "softplus_backward", "elu", "elu_backward", "gelu_backward",
+        "pow.Tensor_Tensor", "pow.Scalar", "atan2", "atanh", "cosh", "sinh",
+        "exp2"}) {
     m.impl(name, chunked());
   }
   for (const char* name : {"sigmoid_",

@@ -3,7 +3,7 @@
 // attention when its constraints hold, else the math path). The flash entry
 // point then runs ember's own kernel by default (attention/AttentionKernel.h)
 // and CPU's under cpu_parity, determinism, dropout, or for what ember's
-// kernel does not take (other dtypes, grouped heads, strided last dims).
+// kernel does not take (other dtypes, strided last dims).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
@@ -57,16 +57,20 @@ std::optional<attn::Problem> plan(const at::Tensor& q, const at::Tensor& k,
       !unit_last_dim(v, dtype)) {
     return std::nullopt;
   }
-  const int64_t batch = q.size(0), heads = q.size(1);
+  const int64_t batch = q.size(0), heads = q.size(1), kv_heads = k.size(1);
   // CPU's kernel raises for anything else (different head sizes included).
-  if (k.size(0) != batch || v.size(0) != batch || k.size(1) != heads ||
-      v.size(1) != heads || k.size(3) != q.size(3) || v.size(3) != q.size(3) ||
+  // Fewer key/value heads than query heads, a divisor of them, is
+  // grouped-query attention (sdpa's enable_gqa=True).
+  if (k.size(0) != batch || v.size(0) != batch || kv_heads <= 0 ||
+      heads % kv_heads != 0 || v.size(1) != kv_heads ||
+      k.size(3) != q.size(3) || v.size(3) != q.size(3) ||
       v.size(2) != k.size(2)) {
     return std::nullopt;
   }
   attn::Problem p;
   p.batch = batch;
   p.heads = heads;
+  p.kv_group = heads / kv_heads;
   p.q_len = q.size(2);
   p.kv_len = k.size(2);
   p.head_dim = q.size(3);

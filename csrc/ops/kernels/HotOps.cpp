@@ -8,11 +8,24 @@
 #include <ATen/ops/_softmax_ops.h>
 #include <ATen/ops/add_ops.h>
 #include <ATen/ops/argmax_ops.h>
+#include <ATen/ops/cos_ops.h>
+#include <ATen/ops/erf_ops.h>
+#include <ATen/ops/exp_ops.h>
+#include <ATen/ops/expm1_ops.h>
 #include <ATen/ops/fill_ops.h>
 #include <ATen/ops/gelu_ops.h>
 #include <ATen/ops/index_copy_ops.h>
+#include <ATen/ops/log1p_ops.h>
+#include <ATen/ops/log_ops.h>
 #include <ATen/ops/mul_ops.h>
+#include <ATen/ops/neg_ops.h>
 #include <ATen/ops/pow_ops.h>
+#include <ATen/ops/reciprocal_ops.h>
+#include <ATen/ops/rsqrt_ops.h>
+#include <ATen/ops/sigmoid_ops.h>
+#include <ATen/ops/silu_ops.h>
+#include <ATen/ops/sin_ops.h>
+#include <ATen/ops/sqrt_ops.h>
 #include <ATen/ops/where_ops.h>
 #include <ATen/ops/zero_ops.h>
 #include <c10/core/DispatchKeySet.h>
@@ -102,6 +115,23 @@ at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
       source.numel(), self, dim, index, source);
 }
 
+// sigmoid and silu: launched, or under determinism on fixed chunks (their
+// vector and scalar loops round differently, and ATen's thread split picks
+// which elements take the scalar tail: RegisterDeterministicOps.cpp).
+template <class Op, class OutOp, class Layout>
+at::Tensor launched_unless_deterministic(T self) {
+  if (flags::deterministic()) {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name,
+                                                       Op::overload_name);
+    torch::jit::Stack stack{self};
+    kernels::deterministic::elementwise_when_deterministic(
+        op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return stack.back().toTensor();
+  }
+  return unboxed::launched<Op, unboxed::OutForm<OutOp>, Layout, T>(self);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
@@ -135,6 +165,42 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gelu", TORCH_FN(kernels::gelu));
   m.impl("relu", TORCH_FN(kernels::relu));
   m.impl("tanh", TORCH_FN(kernels::tanh));
+  // Structured unary math (RMSNorm's rsqrt, rotary embeddings' sin, cos and
+  // neg, SwiGLU's silu): launched like the ops above, and unboxed, where the
+  // boxed delegation ran each at the call, draining the stream's queue
+  // first (a Llama decode step waited on 13 of them per layer).
+  m.impl("exp", TORCH_FN((launched<ops::exp, OutForm<ops::exp_out>,
+                                   lay::Unary<at::meta::exp>, T>)));
+  m.impl("expm1", TORCH_FN((launched<ops::expm1, OutForm<ops::expm1_out>,
+                                     lay::Unary<at::meta::expm1>, T>)));
+  m.impl("log", TORCH_FN((launched<ops::log, OutForm<ops::log_out>,
+                                   lay::Unary<at::meta::log>, T>)));
+  m.impl("log1p", TORCH_FN((launched<ops::log1p, OutForm<ops::log1p_out>,
+                                     lay::Unary<at::meta::log1p>, T>)));
+  m.impl("sqrt", TORCH_FN((launched<ops::sqrt, OutForm<ops::sqrt_out>,
+                                    lay::Unary<at::meta::sqrt>, T>)));
+  m.impl("rsqrt", TORCH_FN((launched<ops::rsqrt, OutForm<ops::rsqrt_out>,
+                                     lay::Unary<at::meta::rsqrt>, T>)));
+  m.impl("reciprocal",
+         TORCH_FN((launched<ops::reciprocal, OutForm<ops::reciprocal_out>,
+                            lay::Unary<at::meta::reciprocal>, T>)));
+  m.impl("neg", TORCH_FN((launched<ops::neg, OutForm<ops::neg_out>,
+                                   lay::Unary<at::meta::neg>, T>)));
+  m.impl("sin", TORCH_FN((launched<ops::sin, OutForm<ops::sin_out>,
+                                   lay::Unary<at::meta::sin>, T>)));
+  m.impl("cos", TORCH_FN((launched<ops::cos, OutForm<ops::cos_out>,
+                                   lay::Unary<at::meta::cos>, T>)));
+  m.impl("erf", TORCH_FN((launched<ops::erf, OutForm<ops::erf_out>,
+                                   lay::Unary<at::meta::erf>, T>)));
+  m.impl(
+      "sigmoid",
+      TORCH_FN((launched_unless_deterministic<ops::sigmoid, ops::sigmoid_out,
+                                              lay::Unary<at::meta::sigmoid>>)));
+  m.impl(
+      "silu",
+      TORCH_FN(
+          (launched_unless_deterministic<ops::silu, ops::silu_out,
+                                         lay::FloatingUnary<at::meta::silu>>)));
 }
 
 }  // namespace

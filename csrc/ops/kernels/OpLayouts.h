@@ -9,14 +9,27 @@
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/argmax_meta_dispatch.h>
 #include <ATen/ops/clamp_min_meta_dispatch.h>
+#include <ATen/ops/cos_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/erf_meta_dispatch.h>
+#include <ATen/ops/exp_meta_dispatch.h>
+#include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/fill.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
 #include <ATen/ops/index_copy_meta_dispatch.h>
+#include <ATen/ops/log1p_meta_dispatch.h>
+#include <ATen/ops/log_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/neg_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
+#include <ATen/ops/reciprocal_meta_dispatch.h>
+#include <ATen/ops/rsqrt_meta_dispatch.h>
+#include <ATen/ops/sigmoid_meta_dispatch.h>
+#include <ATen/ops/silu_meta_dispatch.h>
+#include <ATen/ops/sin_meta_dispatch.h>
+#include <ATen/ops/sqrt_meta_dispatch.h>
 #include <ATen/ops/sub_meta_dispatch.h>
 #include <ATen/ops/sum_meta_dispatch.h>
 #include <ATen/ops/tanh_meta_dispatch.h>
@@ -76,24 +89,48 @@ struct Relu {
     return at::meta::clamp_min(self, 0);
   }
 };
+// Kernels whose dtype dispatch takes floating-point (and complex) operands
+// only, where the meta function takes any: the launched form declines an
+// integer operand, so the synchronous form raises the kernel's "not
+// implemented for 'Long'" at the call instead of the worker raising it later.
+inline void floating_only(T self) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) ||
+                  at::isComplexType(self.scalar_type()),
+              "launched kernels take floating-point operands");
+}
 struct Gelu {
   static at::Tensor infer(T self, c10::string_view approximate) {
+    floating_only(self);
     return at::meta::gelu(self, approximate);
   }
 };
 struct Softmax {
   static at::Tensor infer(T self, int64_t dim, bool half_to_float) {
+    floating_only(self);
     return at::meta::_softmax(self, dim, half_to_float);
   }
 };
 struct LogSoftmax {
   static at::Tensor infer(T self, int64_t dim, bool half_to_float) {
+    floating_only(self);
     return at::meta::_log_softmax(self, dim, half_to_float);
   }
 };
 
 struct Tanh {
   static at::Tensor infer(T self) { return at::meta::tanh(self); }
+};
+// A structured unary op (exp, rsqrt, sigmoid, ...): its meta function.
+template <at::Tensor (*MetaFn)(T)>
+struct Unary {
+  static at::Tensor infer(T self) { return MetaFn(self); }
+};
+template <at::Tensor (*MetaFn)(T)>
+struct FloatingUnary {
+  static at::Tensor infer(T self) {
+    floating_only(self);
+    return MetaFn(self);
+  }
 };
 struct PowScalar {
   static at::Tensor infer(T self, S exponent) {

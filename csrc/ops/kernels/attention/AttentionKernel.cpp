@@ -186,9 +186,10 @@ void vector_rows(const Problem& p, int64_t b, int64_t h, int64_t row0,
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   const float* q =
       head_rows(p.q, b, h, row0, rows, p.head_dim, widened.q, q_stride);
-  const float* k =
-      head_rows(p.k, b, h, 0, cols, p.head_dim, widened.k, k_stride);
-  const float* v = head_rows(p.v, b, h, 0, cols, p.v_dim, widened.v, v_stride);
+  const float* k = head_rows(p.k, b, h / p.kv_group, 0, cols, p.head_dim,
+                             widened.k, k_stride);
+  const float* v =
+      head_rows(p.v, b, h / p.kv_group, 0, cols, p.v_dim, widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   for (int64_t r = 0; r < rows; ++r) {
     const float* q_row = q + r * q_stride;
@@ -272,10 +273,10 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
   const float* q =
       head_rows(p.q, b, h, 0, p.q_len, p.head_dim, widened.q, q_stride);
-  const float* k =
-      head_rows(p.k, b, h, 0, p.kv_len, p.head_dim, widened.k, k_stride);
-  const float* v =
-      head_rows(p.v, b, h, 0, p.kv_len, p.v_dim, widened.v, v_stride);
+  const float* k = head_rows(p.k, b, h / p.kv_group, 0, p.kv_len, p.head_dim,
+                             widened.k, k_stride);
+  const float* v = head_rows(p.v, b, h / p.kv_group, 0, p.kv_len, p.v_dim,
+                             widened.v, v_stride);
   float* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   // K^T (head_dim x kv_len) and V (kv_len x v_dim) into panels.
   pack_key_panels(k, k_stride, p.kv_len, p.head_dim, keys);
@@ -309,7 +310,8 @@ void panel_head(const Problem& p, int64_t b, int64_t h, HeadScratch& scratch) {
 bool supported() { return vector_math_supported(); }
 
 bool fits(const Problem& p) {
-  return p.q_len > 0 && p.kv_len > 0 && p.head_dim > 0 && p.v_dim > 0;
+  return p.q_len > 0 && p.kv_len > 0 && p.head_dim > 0 && p.v_dim > 0 &&
+         p.kv_group > 0 && p.heads % p.kv_group == 0;
 }
 
 void forward(const Problem& p) {

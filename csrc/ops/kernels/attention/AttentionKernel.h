@@ -30,6 +30,9 @@ struct Operand {
 
 struct Problem {
   int64_t batch = 0, heads = 0, q_len = 0, kv_len = 0, head_dim = 0, v_dim = 0;
+  // Query heads per key/value head (grouped-query attention): query head h
+  // reads key and value head h / kv_group, as CPU's kernel does.
+  int64_t kv_group = 1;
   Operand q, k, v;  // fp32 or bf16
   Operand mask;  // additive, fp32, [q_len, kv_len] per (batch, head); optional
   bool causal = false;  // row i sees keys j <= i (top-left aligned)
