@@ -300,7 +300,7 @@ def test_report_memory_bandwidth_and_decode_streaming(results):
     assert ref.weights_bytes_per_s == pytest.approx(decode.param_bytes / ref.median_s)
     assert ref.frac_mem_bw == pytest.approx(ref.weights_bytes_per_s / 40e9)
     streaming = [r.name for r in results if harness.streams_weights(r)]
-    assert streaming == ["gpt2-decode", "gpt2-decode-bf16"]
+    assert streaming == ["gpt2-decode", "gpt2-decode-bf16", "llama-decode"]
     bf16 = next(r for r in results if r.name == "gpt2-decode-bf16")
     assert bf16.param_bytes * 2 == decode.param_bytes  # the same model in bf16
     assert all(

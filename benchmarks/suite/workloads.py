@@ -187,7 +187,7 @@ def _cache(config, flat: Sequence[torch.Tensor] = ()):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=config)
-    cache.layers = [_CAT_LAYER() for _ in range(config.n_layer)]
+    cache.layers = [_CAT_LAYER() for _ in range(config.num_hidden_layers)]
     for i in range(len(flat) // 2):
         cache.layers[i].update(flat[2 * i], flat[2 * i + 1])
     return cache
@@ -311,6 +311,56 @@ def gpt2_decode(tiny: bool = False, dtype: torch.dtype = torch.float32) -> Workl
     )
 
 
+def _llama(tiny: bool):
+    global _CAT_LAYER
+    tr = _quiet_transformers()
+    if _CAT_LAYER is None:
+        _CAT_LAYER = _cat_layer_class()
+    common = {"rope_theta": 10000.0, "tie_word_embeddings": False}
+    if tiny:
+        cfg = tr.LlamaConfig(
+            vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, **common,
+        )  # fmt: skip
+        prompt, steps = 8, 4
+    else:
+        # The Llama architecture (grouped-query attention, RMSNorm, rotary
+        # embeddings, SwiGLU) at GPT-2 small's size: 12 layers of width 768,
+        # 4 key/value heads for 12 query heads, a 32000-token vocabulary.
+        cfg = tr.LlamaConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024, **common,
+        )  # fmt: skip
+        prompt, steps = 128, 32
+    torch.manual_seed(0)
+    model = tr.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, cfg.vocab_size, (1, prompt), generator=_gen(1))
+    return model, ids, steps
+
+
+def llama_decode(tiny: bool = False) -> Workload:
+    model, ids, steps = _llama(tiny)
+    with torch.inference_mode():
+        first = GPT2Prefill(model)(ids)
+    token = first[0].argmax(-1, keepdim=True)
+    kv = tuple(t.clone() for t in first[1:])
+    past = torch.export.Dim("past", min=1, max=model.config.max_position_embeddings - 1)
+    return Workload(
+        name="llama-decode",
+        title=f"Llama-architecture greedy decode (GQA, RMSNorm, rotary, SwiGLU), {steps} steps"
+        f" after a {ids.shape[1]}-token prefill",
+        module=GPT2Step(model).eval(),
+        inputs=(token, *kv),
+        rtol=1e-3,
+        driver=_greedy(steps),
+        per_run=steps,
+        unit="token",
+        dynamic_shapes=(None, tuple({2: past} for _ in kv)),
+        compare=_compare_greedy,
+        notes=["KV cache grows by concatenation (transformers' DynamicCache semantics)"],
+    )
+
+
 # --------------------------------------------------------------------------- MLP, GEMM
 
 
@@ -401,6 +451,7 @@ WORKLOADS: dict[str, Callable[[bool], Workload]] = {
     "gpt2-prefill": gpt2_prefill,
     "gpt2-decode": gpt2_decode,
     "gpt2-decode-bf16": lambda tiny=False: gpt2_decode(tiny, torch.bfloat16),
+    "llama-decode": llama_decode,
     "vit-b1": vit,
     "resnet50-b1": resnet,
 }
