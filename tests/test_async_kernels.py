@@ -272,6 +272,7 @@ def test_unary_math_is_launched_with_cpus_bits(name, dtype):
         ("gelu_int", F.gelu),
         ("softmax_int", lambda x: torch.softmax(x, -1)),
         ("log_softmax_int", lambda x: torch._log_softmax(x, -1, False)),
+        ("erf_complex", lambda x: torch.erf(x.to(torch.complex64))),
     ],
 )
 def test_kernel_dtype_errors_are_raised_at_the_call(name, op):

@@ -191,7 +191,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cos", TORCH_FN((launched<ops::cos, OutForm<ops::cos_out>,
                                    lay::Unary<at::meta::cos>, T>)));
   m.impl("erf", TORCH_FN((launched<ops::erf, OutForm<ops::erf_out>,
-                                   lay::Unary<at::meta::erf>, T>)));
+                                   lay::RealUnary<at::meta::erf>, T>)));
   m.impl(
       "sigmoid",
       TORCH_FN((launched_unless_deterministic<ops::sigmoid, ops::sigmoid_out,

@@ -125,6 +125,15 @@ template <at::Tensor (*MetaFn)(T)>
 struct Unary {
   static at::Tensor infer(T self) { return MetaFn(self); }
 };
+// erf: CPU's kernel refuses complex operands (its meta function does not).
+template <at::Tensor (*MetaFn)(T)>
+struct RealUnary {
+  static at::Tensor infer(T self) {
+    TORCH_CHECK(!at::isComplexType(self.scalar_type()),
+                "launched kernels take real operands");
+    return MetaFn(self);
+  }
+};
 template <at::Tensor (*MetaFn)(T)>
 struct FloatingUnary {
   static at::Tensor infer(T self) {
