@@ -286,28 +286,40 @@ def _compare_greedy(ref: tuple, out: tuple, rtol: float) -> tuple[float, float, 
     return diff, rel, note
 
 
-def gpt2_decode(tiny: bool = False, dtype: torch.dtype = torch.float32) -> Workload:
-    model, ids, steps = _gpt2(tiny, dtype)
-    bf16 = dtype == torch.bfloat16
+def _decode(name: str, title: str, model, ids, steps: int, max_positions: int, **kw) -> Workload:
+    """Greedy decode from the KV cache of a prefill of ``ids``: ``steps`` tokens a run."""
     with torch.inference_mode():
         first = GPT2Prefill(model)(ids)
     token = first[0].argmax(-1, keepdim=True)
     kv = tuple(t.clone() for t in first[1:])
-    past = torch.export.Dim("past", min=1, max=model.config.n_positions - 1)
+    past = torch.export.Dim("past", min=1, max=max_positions - 1)
     return Workload(
-        name="gpt2-decode-bf16" if bf16 else "gpt2-decode",
-        title=f"GPT-2 small greedy decode{', bf16 weights' if bf16 else ''}, {steps} steps"
-        f" after a {ids.shape[1]}-token prefill",
+        name=name,
+        title=f"{title}, {steps} steps after a {ids.shape[1]}-token prefill",
         module=GPT2Step(model).eval(),
         inputs=(token, *kv),
-        dtype=dtype,
-        rtol=2e-2 if bf16 else 1e-3,
         driver=_greedy(steps),
         per_run=steps,
         unit="token",
         dynamic_shapes=(None, tuple({2: past} for _ in kv)),
         compare=_compare_greedy,
         notes=["KV cache grows by concatenation (transformers' DynamicCache semantics)"],
+        **kw,
+    )
+
+
+def gpt2_decode(tiny: bool = False, dtype: torch.dtype = torch.float32) -> Workload:
+    model, ids, steps = _gpt2(tiny, dtype)
+    bf16 = dtype == torch.bfloat16
+    return _decode(
+        "gpt2-decode-bf16" if bf16 else "gpt2-decode",
+        f"GPT-2 small greedy decode{', bf16 weights' if bf16 else ''}",
+        model,
+        ids,
+        steps,
+        model.config.n_positions,
+        dtype=dtype,
+        rtol=2e-2 if bf16 else 1e-3,
     )
 
 
@@ -340,24 +352,14 @@ def _llama(tiny: bool):
 
 def llama_decode(tiny: bool = False) -> Workload:
     model, ids, steps = _llama(tiny)
-    with torch.inference_mode():
-        first = GPT2Prefill(model)(ids)
-    token = first[0].argmax(-1, keepdim=True)
-    kv = tuple(t.clone() for t in first[1:])
-    past = torch.export.Dim("past", min=1, max=model.config.max_position_embeddings - 1)
-    return Workload(
-        name="llama-decode",
-        title=f"Llama-architecture greedy decode (GQA, RMSNorm, rotary, SwiGLU), {steps} steps"
-        f" after a {ids.shape[1]}-token prefill",
-        module=GPT2Step(model).eval(),
-        inputs=(token, *kv),
+    return _decode(
+        "llama-decode",
+        "Llama-architecture greedy decode (GQA, RMSNorm, rotary, SwiGLU)",
+        model,
+        ids,
+        steps,
+        model.config.max_position_embeddings,
         rtol=1e-3,
-        driver=_greedy(steps),
-        per_run=steps,
-        unit="token",
-        dynamic_shapes=(None, tuple({2: past} for _ in kv)),
-        compare=_compare_greedy,
-        notes=["KV cache grows by concatenation (transformers' DynamicCache semantics)"],
     )
 
 

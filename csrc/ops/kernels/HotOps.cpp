@@ -115,6 +115,13 @@ at::Tensor& index_copy_inplace(at::Tensor& self, int64_t dim, T index,
       source.numel(), self, dim, index, source);
 }
 
+// A structured unary op, launched: CPU's out= kernel on the worker, the
+// result's layout from `Layout` (the op's meta function).
+template <class Op, class OutOp, class Layout>
+at::Tensor unary(T self) {
+  return unboxed::launched<Op, unboxed::OutForm<OutOp>, Layout, T>(self);
+}
+
 // sigmoid and silu: launched, or under determinism on fixed chunks (their
 // vector and scalar loops round differently, and ATen's thread split picks
 // which elements take the scalar tail: RegisterDeterministicOps.cpp).
@@ -129,12 +136,13 @@ at::Tensor launched_unless_deterministic(T self) {
         op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
     return stack.back().toTensor();
   }
-  return unboxed::launched<Op, unboxed::OutForm<OutOp>, Layout, T>(self);
+  return unary<Op, OutOp, Layout>(self);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace unboxed;
   namespace lay = kernels::layouts;
+  namespace meta = at::meta;
   // ember's loop where it applies (elementwise/Arithmetic.cpp).
   m.impl("add.Tensor", TORCH_FN(kernels::add));
   m.impl("sub.Tensor", TORCH_FN(kernels::sub));
@@ -169,38 +177,31 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // neg, SwiGLU's silu): launched like the ops above, and unboxed, where the
   // boxed delegation ran each at the call, draining the stream's queue
   // first (a Llama decode step waited on 13 of them per layer).
-  m.impl("exp", TORCH_FN((launched<ops::exp, OutForm<ops::exp_out>,
-                                   lay::Unary<at::meta::exp>, T>)));
-  m.impl("expm1", TORCH_FN((launched<ops::expm1, OutForm<ops::expm1_out>,
-                                     lay::Unary<at::meta::expm1>, T>)));
-  m.impl("log", TORCH_FN((launched<ops::log, OutForm<ops::log_out>,
-                                   lay::Unary<at::meta::log>, T>)));
-  m.impl("log1p", TORCH_FN((launched<ops::log1p, OutForm<ops::log1p_out>,
-                                     lay::Unary<at::meta::log1p>, T>)));
-  m.impl("sqrt", TORCH_FN((launched<ops::sqrt, OutForm<ops::sqrt_out>,
-                                    lay::Unary<at::meta::sqrt>, T>)));
-  m.impl("rsqrt", TORCH_FN((launched<ops::rsqrt, OutForm<ops::rsqrt_out>,
-                                     lay::Unary<at::meta::rsqrt>, T>)));
-  m.impl("reciprocal",
-         TORCH_FN((launched<ops::reciprocal, OutForm<ops::reciprocal_out>,
-                            lay::Unary<at::meta::reciprocal>, T>)));
-  m.impl("neg", TORCH_FN((launched<ops::neg, OutForm<ops::neg_out>,
-                                   lay::Unary<at::meta::neg>, T>)));
-  m.impl("sin", TORCH_FN((launched<ops::sin, OutForm<ops::sin_out>,
-                                   lay::Unary<at::meta::sin>, T>)));
-  m.impl("cos", TORCH_FN((launched<ops::cos, OutForm<ops::cos_out>,
-                                   lay::Unary<at::meta::cos>, T>)));
-  m.impl("erf", TORCH_FN((launched<ops::erf, OutForm<ops::erf_out>,
-                                   lay::RealUnary<at::meta::erf>, T>)));
-  m.impl(
-      "sigmoid",
-      TORCH_FN((launched_unless_deterministic<ops::sigmoid, ops::sigmoid_out,
-                                              lay::Unary<at::meta::sigmoid>>)));
-  m.impl(
-      "silu",
-      TORCH_FN(
-          (launched_unless_deterministic<ops::silu, ops::silu_out,
-                                         lay::FloatingUnary<at::meta::silu>>)));
+  using lay::Unary;
+  m.impl("exp", TORCH_FN((unary<ops::exp, ops::exp_out, Unary<meta::exp>>)));
+  m.impl("expm1",
+         TORCH_FN((unary<ops::expm1, ops::expm1_out, Unary<meta::expm1>>)));
+  m.impl("log", TORCH_FN((unary<ops::log, ops::log_out, Unary<meta::log>>)));
+  m.impl("log1p",
+         TORCH_FN((unary<ops::log1p, ops::log1p_out, Unary<meta::log1p>>)));
+  m.impl("sqrt",
+         TORCH_FN((unary<ops::sqrt, ops::sqrt_out, Unary<meta::sqrt>>)));
+  m.impl("rsqrt",
+         TORCH_FN((unary<ops::rsqrt, ops::rsqrt_out, Unary<meta::rsqrt>>)));
+  m.impl("reciprocal", TORCH_FN((unary<ops::reciprocal, ops::reciprocal_out,
+                                       Unary<meta::reciprocal>>)));
+  m.impl("neg", TORCH_FN((unary<ops::neg, ops::neg_out, Unary<meta::neg>>)));
+  m.impl("sin", TORCH_FN((unary<ops::sin, ops::sin_out, Unary<meta::sin>>)));
+  m.impl("cos", TORCH_FN((unary<ops::cos, ops::cos_out, Unary<meta::cos>>)));
+  m.impl("erf",
+         TORCH_FN((unary<ops::erf, ops::erf_out, lay::RealUnary<meta::erf>>)));
+  m.impl("sigmoid",
+         TORCH_FN((launched_unless_deterministic<ops::sigmoid, ops::sigmoid_out,
+                                                 Unary<meta::sigmoid>>)));
+  m.impl("silu",
+         TORCH_FN(
+             (launched_unless_deterministic<ops::silu, ops::silu_out,
+                                            lay::FloatingUnary<meta::silu>>)));
 }
 
 }  // namespace
