@@ -224,3 +224,62 @@ def test_kv_cache_cat_copies_rows_on_the_devices_threads_exactly(queued, dtype):
             _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, SLEEP)
         got = torch.cat(inputs, -2)
         assert torch.equal(got.cpu(), expected)
+
+
+HOST_POOL_PROBE = """
+import os, time, torch, torch_ember
+import torch.nn.functional as F
+from torch_ember import _C
+torch.set_num_threads(1)  # the set-up opens no OpenMP region
+torch.backends.ember.async_execution = True
+
+def openmp_threads():
+    # threads with the process's name: libgomp's among them, not the
+    # runtime's own (named ember-worker, ember-chunks)
+    own = open("/proc/self/comm").read()
+    return sum(open(f"/proc/self/task/{t}/comm").read() == own
+               for t in os.listdir("/proc/self/task"))
+
+# decode-sized operands: 12 query heads over 4 key/value heads of 100
+# positions, and a 256 -> 512 linear (a 512 KiB pack: it runs at the call)
+q, k, v = (torch.randn(1, h, n, 64).to("ember") for h, n in ((12, 1), (4, 100), (4, 100)))
+lin = torch.nn.Linear(256, 512).to("ember")
+x = torch.randn(1, 256).to("ember")
+with torch.inference_mode():
+    for _ in range(2):  # the weight is packed on its second use
+        lin(x)
+    stream = torch.ember.current_stream()
+    _C._engine_enqueue_sleep(stream.device_index, stream.stream_id, 0.01)
+    torch.ember.synchronize()
+    deadline = time.monotonic() + 10
+    while not _C._engine_worker_asleep(stream.device_index, stream.stream_id):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    time.sleep(0.005)  # past the engine's burst gap
+    torch.set_num_threads(2)
+    before = openmp_threads()
+    torch_ember.reset_launch_stats()
+    attention = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    linear = lin(x)
+    launched = sum(n["launched"] for n in torch_ember.launch_stats().values())
+    after = openmp_threads()
+    torch.backends.ember.async_execution = False
+    same = torch.equal(attention.cpu(), F.scaled_dot_product_attention(q, k, v, enable_gqa=True).cpu())
+    same &= torch.equal(linear.cpu(), lin(x).cpu())
+print(before, launched, after, same)
+"""
+
+
+def test_small_work_at_the_call_beside_a_sleeping_worker_opens_no_openmp_pool(run_python):
+    """Small work runs at the call while its stream's worker sleeps; the
+    next launch may wake the worker, and libgomp's threads, spinning after a
+    region the host opened, would take its core (Llama decode 21 -> 18 ms a
+    token once ember's kernels split such work on the host's chunk team)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("a one-thread device splits nothing")
+    result = run_python(HOST_POOL_PROBE, env={"EMBER_DEVICES": "1"})
+    assert result.returncode == 0, result.stderr
+    before, launched, after, same = result.stdout.split()
+    assert launched == "0", "the work was queued, not run at the call"
+    assert after == before, "ember's kernels opened an OpenMP region on the host thread"
+    assert same == "True"

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "core/EmberPinnedAllocator.h"
@@ -18,6 +19,7 @@
 #include "ember/runtime/device.h"
 #include "ember/runtime/stream.h"
 #include "flags/BackendFlags.h"
+#include "ops/kernels/ParallelChunks.h"
 
 namespace ember {
 namespace {
@@ -145,10 +147,13 @@ runtime::Stream* idle_stream_for_tiny_work(c10::DeviceIndex device,
 
 void run_launched_inline(runtime::Stream& stream, const char* name,
                          c10::DeviceIndex device,
-                         const std::function<void()>& work) {
+                         const std::function<void()>& work,
+                         bool beside_worker) {
   if (!stream.query()) [[unlikely]]
     count_wait(name);
   RestoreThreadCount restore;
+  std::optional<kernels::ChunkTeamOnHost> chunk_team;
+  if (beside_worker) chunk_team.emplace();
   stream.run(LaunchedWork<std::reference_wrapper<const std::function<void()>>>{
       device, launching_thread_count(device), std::nullopt, std::cref(work)});
 }

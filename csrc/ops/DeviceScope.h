@@ -197,10 +197,14 @@ bool runs_at_call(runtime::Stream& stream, int64_t result_numel,
 
 // Runs launched work at the call: as the worker would (below autograd,
 // the device's pool, the launching thread count), restoring the calling
-// thread's OpenMP thread count afterwards.
+// thread's OpenMP thread count afterwards. `beside_worker`: the work is
+// small and ran here only because the worker slept, which the next launch
+// may wake: ember's kernels then split it on the calling thread's chunk
+// team, not its OpenMP team (kernels/ParallelChunks.h, ChunkTeamOnHost).
 void run_launched_inline(runtime::Stream& stream, const char* name,
                          c10::DeviceIndex device,
-                         const std::function<void()>& work);
+                         const std::function<void()>& work,
+                         bool beside_worker = false);
 
 // Queues `work` on `device`'s current stream (the stream's worker runs it,
 // in stream order) and returns true at once. `work` owns everything it uses
@@ -227,7 +231,8 @@ bool launch_on_stream(runtime::Stream& stream, c10::DeviceIndex device,
     const bool capturing = capture::underway() && stream.capture() != nullptr;
     if (!capturing && runs_at_call(stream, result_numel, long_running)) {
       queued = false;
-      run_launched_inline(stream, name, device, std::ref(work));
+      run_launched_inline(stream, name, device, std::ref(work),
+                          result_numel < inline_result_numel());
       return;
     }
     stream.enqueue(

@@ -1,6 +1,7 @@
 #include "ember/runtime/chunk_team.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -65,6 +66,9 @@ struct alignas(64) TeamState {
 // new state), not what it reads once it runs: the caller may already have
 // published its first job by then, and that job is the helper's too.
 void helper_loop(std::shared_ptr<TeamState> state, uint32_t seen) {
+  // Named, so that a thread listing tells the runtime's threads from
+  // libgomp's (which keep the process's name).
+  pthread_setname_np(pthread_self(), "ember-chunks");
   for (;;) {
     const auto deadline = std::chrono::steady_clock::now() + kHelperSpin;
     uint32_t now = seen;

@@ -273,6 +273,7 @@ void Stream::push(Item item) {
 }
 
 void Stream::worker_loop() {
+  pthread_setname_np(pthread_self(), "ember-worker");  // as chunk_team.cpp's
   worker_asleep_.store(false, std::memory_order_release);
   t_in_stream_worker = true;
   if (config_ != nullptr) pin_to_cores(config_->cores);
