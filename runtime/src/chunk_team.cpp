@@ -1,7 +1,6 @@
 #include "ember/runtime/chunk_team.h"
 
 #include <immintrin.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -9,6 +8,8 @@
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include "named_thread.h"
 
 namespace ember::runtime {
 namespace {
@@ -66,9 +67,6 @@ struct alignas(64) TeamState {
 // new state), not what it reads once it runs: the caller may already have
 // published its first job by then, and that job is the helper's too.
 void helper_loop(std::shared_ptr<TeamState> state, uint32_t seen) {
-  // Named, so that a thread listing tells the runtime's threads from
-  // libgomp's (which keep the process's name).
-  pthread_setname_np(pthread_self(), "ember-chunks");
   for (;;) {
     const auto deadline = std::chrono::steady_clock::now() + kHelperSpin;
     uint32_t now = seen;
@@ -124,7 +122,9 @@ class Team {
     state_ = std::make_shared<TeamState>();
     helpers_ = helpers;
     for (int i = 0; i < helpers; ++i) {
-      std::thread(helper_loop, state_, 0u).detach();
+      start_named_thread("ember-chunks", [state = state_] {
+        helper_loop(state, 0u);
+      }).detach();
     }
   }
 

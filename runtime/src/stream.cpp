@@ -15,6 +15,7 @@
 
 #include "ember/runtime/device.h"
 #include "ember/runtime/graph.h"
+#include "named_thread.h"
 #include "stream_internal.h"
 
 namespace ember::runtime {
@@ -267,13 +268,13 @@ void Stream::push(Item item) {
   queue_.push_back(std::move(item));
   pending_.fetch_add(1, std::memory_order_release);
   if (worker_ == nullptr) {
-    worker_ = new std::thread([this] { worker_loop(); });
+    worker_ = new std::thread(
+        start_named_thread("ember-worker", [this] { worker_loop(); }));
   }
   work_cv_.notify_one();
 }
 
 void Stream::worker_loop() {
-  pthread_setname_np(pthread_self(), "ember-worker");  // as chunk_team.cpp's
   worker_asleep_.store(false, std::memory_order_release);
   t_in_stream_worker = true;
   if (config_ != nullptr) pin_to_cores(config_->cores);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "ember/runtime/stream.h"
+#include "named_thread.h"
 
 namespace ember::runtime {
 
@@ -45,7 +46,8 @@ void Stream::rouse_worker() {
   if (worker_ == nullptr) {
     rouses_.fetch_add(1, std::memory_order_relaxed);
     worker_asleep_.store(false, std::memory_order_release);
-    worker_ = new std::thread([this] { worker_loop(); });
+    worker_ = new std::thread(
+        start_named_thread("ember-worker", [this] { worker_loop(); }));
     return;
   }
   if (!worker_asleep_.load(std::memory_order_acquire)) return;
