@@ -287,22 +287,42 @@ def _fake_peak():
     )
 
 
+def test_streamed_bytes_leave_out_tables_only_looked_up():
+    """A decode step reads one row of an embedding table but every byte of a
+    weight a linear uses: Llama's untied token table is left out, GPT-2's
+    token table (tied to its output layer) counted once, its position table
+    left out."""
+
+    def nbytes(t):
+        return t.numel() * t.element_size()
+
+    llama = workloads.llama_decode(tiny=True)
+    model = llama.module.model
+    every = sum(nbytes(p) for p in model.parameters())
+    assert llama.streamed_bytes == every - nbytes(model.model.embed_tokens.weight)
+    gpt2 = workloads.gpt2_decode(tiny=True)
+    model = gpt2.module.model
+    assert model.lm_head.weight is model.transformer.wte.weight
+    every = sum(nbytes(p) for p in model.parameters())  # the tied table once
+    assert gpt2.streamed_bytes == every - nbytes(model.transformer.wpe.weight)
+
+
 def test_report_memory_bandwidth_and_decode_streaming(results):
     p = _fake_peak()
     assert p.read_bandwidth(2) == (2, 40e9) and p.read_bandwidth(1) == (1, 30e9)
     assert p.read_bandwidth(8) == (2, 40e9)  # capped at the cores
     decode = next(r for r in results if r.name == "gpt2-decode")
-    assert harness.streams_weights(decode) and decode.param_bytes > 0
+    assert harness.streams_weights(decode) and decode.streamed_bytes > 0
     assert not harness.streams_weights(next(r for r in results if r.name == "mlp-b1"))
     for r in results:
         harness.apply_bandwidth(r, p.read_bandwidth(2)[1])
     ref = decode.get(harness.REFERENCE)
-    assert ref.weights_bytes_per_s == pytest.approx(decode.param_bytes / ref.median_s)
+    assert ref.weights_bytes_per_s == pytest.approx(decode.streamed_bytes / ref.median_s)
     assert ref.frac_mem_bw == pytest.approx(ref.weights_bytes_per_s / 40e9)
     streaming = [r.name for r in results if harness.streams_weights(r)]
     assert streaming == ["gpt2-decode", "gpt2-decode-bf16", "llama-decode"]
     bf16 = next(r for r in results if r.name == "gpt2-decode-bf16")
-    assert bf16.param_bytes * 2 == decode.param_bytes  # the same model in bf16
+    assert bf16.streamed_bytes * 2 == decode.streamed_bytes  # the same model in bf16
     assert all(
         s.weights_bytes_per_s is None
         for r in results

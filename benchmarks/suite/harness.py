@@ -105,7 +105,7 @@ class WorkloadResult:
     timing_s: float = 0.0
     other_load: float | None = None  # CPU cores busy with other processes while timing
     waited_s: float = 0.0  # waited for the machine to go idle before timing
-    param_bytes: int = 0  # bytes of the module's parameters (tied ones once)
+    streamed_bytes: int = 0  # parameter bytes a run reads whole (Workload.streamed_bytes)
 
     def get(self, system: str) -> SystemResult | None:
         return next((s for s in self.systems if s.system == system), None)
@@ -371,7 +371,7 @@ def run_workload(
         rtol=w.rtol,
         notes=list(w.notes),
         systems=[],
-        param_bytes=w.param_bytes,
+        streamed_bytes=w.streamed_bytes,
     )
     prepared: dict[str, Prepared] = {}
     ref = None
@@ -496,17 +496,17 @@ def apply_peak(
 
 def streams_weights(result: WorkloadResult) -> bool:
     """Whether a run reads every weight once per unit: the decode workloads (per token)."""
-    return result.unit == "token" and result.param_bytes > 0
+    return result.unit == "token" and result.streamed_bytes > 0
 
 
 def apply_bandwidth(result: WorkloadResult, read_bytes_per_s: float | None) -> None:
-    """Decode: weights streamed per second (parameter bytes per token / median time per
-    token) and that as a fraction of the measured memory read bandwidth."""
+    """Decode: weights streamed per second (streamed parameter bytes per token / median
+    time per token) and that as a fraction of the measured memory read bandwidth."""
     if not streams_weights(result):
         return
     for res in result.systems:
         if res.median_s:
-            res.weights_bytes_per_s = result.param_bytes / res.median_s
+            res.weights_bytes_per_s = result.streamed_bytes / res.median_s
             if read_bytes_per_s:
                 res.frac_mem_bw = res.weights_bytes_per_s / read_bytes_per_s
 

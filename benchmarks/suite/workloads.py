@@ -51,8 +51,17 @@ class Workload:
         return sum(p.numel() for p in self.module.parameters())
 
     @property
-    def param_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.module.parameters())
+    def streamed_bytes(self) -> int:
+        """Bytes of the parameters a run reads whole: each parameter once (tied
+        ones once), except tables only an ``nn.Embedding`` uses (a lookup reads
+        a row per token: Llama's untied token table, GPT-2's positions)."""
+        lookups = {id(m.weight) for m in self.module.modules() if isinstance(m, torch.nn.Embedding)}
+        for m in self.module.modules():
+            if not isinstance(m, torch.nn.Embedding):
+                lookups -= {id(p) for p in m.parameters(recurse=False)}
+        return sum(
+            p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in lookups
+        )
 
 
 # --------------------------------------------------------------------------- helpers
