@@ -279,9 +279,14 @@ def test_small_work_at_the_call_beside_a_sleeping_worker_opens_no_openmp_pool(ru
     token once ember's kernels split such work on the host's chunk team)."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("a one-thread device splits nothing")
-    result = run_python(HOST_POOL_PROBE, env={"EMBER_DEVICES": "1"})
-    assert result.returncode == 0, result.stderr
-    before, launched, after, same, names = result.stdout.split()
+    # A host stalled between the two ops rouses the worker by design, which
+    # then queues the second: such a probe proves nothing and runs again.
+    for _ in range(4):
+        result = run_python(HOST_POOL_PROBE, env={"EMBER_DEVICES": "1"})
+        assert result.returncode == 0, result.stderr
+        before, launched, after, same, names = result.stdout.split()
+        if launched == "0":
+            break
     assert launched == "0", "the work was queued, not run at the call"
     assert after == before, f"a region on the host thread started a thread ({names})"
     assert same == "True"
