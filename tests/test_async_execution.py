@@ -162,9 +162,9 @@ def test_a_synchronous_op_after_launched_work_waits_and_is_counted():
     x = torch.arange(4.0, device="ember")
     sleep_on_stream()
     y = x + 1
-    z = torch.cumsum(y, 0)  # runs synchronously: waits for the add
-    assert torch.equal(z.cpu(), torch.cumsum(torch.arange(4.0) + 1, 0))
-    assert torch_ember.launch_stats()["aten::cumsum"]["waited"] == 1
+    z = torch.cumprod(y, 0)  # runs synchronously: waits for the add
+    assert torch.equal(z.cpu(), torch.cumprod(torch.arange(4.0) + 1, 0))
+    assert torch_ember.launch_stats()["aten::cumprod"]["waited"] == 1
 
 
 # ------------------------------------------------------------------- errors

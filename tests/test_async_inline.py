@@ -265,7 +265,7 @@ def test_a_burst_spent_in_kernels_at_the_call_leaves_the_worker_asleep():
         # Far longer than a burst needs, and at least 10 rounds (on a loaded
         # machine a round can take over 10 ms).
         while time.monotonic() - begin < 0.1 or rounds < 10:
-            mid.cumsum(0)  # a synchronous op at the call: ~0.3 ms, no pause
+            mid.cumprod(0)  # a synchronous op at the call: ~0.3 ms, no pause
             for _ in range(4):
                 big * 2  # a large launched op: at the call on an idle stream
             y = x * 2  # small, while the worker sleeps: at the call

@@ -289,3 +289,76 @@ def test_kernel_dtype_errors_are_raised_at_the_call(name, op):
         op(x)
     assert str(on_ember.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
     torch.ember.synchronize()  # no asynchronous error left behind
+
+
+_MASK_OPS = {
+    "eq_tensor": lambda x, y: torch.eq(x, y),
+    "ne_scalar": lambda x, y: torch.ne(x, 0.5),
+    "lt_broadcast": lambda x, y: torch.lt(x, y[:1]),
+    "le_tensor": lambda x, y: torch.le(x, y),
+    "gt_scalar": lambda x, y: x > -0.25,
+    "ge_strided": lambda x, y: x[:, ::2] >= y[:, 1::2],
+    "isneginf": lambda x, y: torch.isneginf(x),
+    "isposinf": lambda x, y: torch.isposinf(x),
+    "all_dim": lambda x, y: (x > -3).all(-1, keepdim=True),
+    "any_dim": lambda x, y: (x > 3).any(0),
+    "cumsum": lambda x, y: torch.cumsum(x, 1),
+    "cumsum_dtype": lambda x, y: torch.cumsum(x, 0, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("name", list(_MASK_OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_masks_and_positions_are_launched_with_cpus_bits(name, dtype):
+    """The comparisons, infinity tests, all/any along a dimension and cumsum
+    that transformers' mask and position code runs each decode step are
+    launched (through the boxed delegation they ran at the call, draining
+    the queue: Falcon's `le` and the math attention's `isneginf`, OPT's
+    `cumsum`), with the bits of CPU's kernels."""
+    op = _MASK_OPS[name]
+    torch.manual_seed(0)
+    x_cpu = torch.randn(3, 4000) * 4
+    y_cpu = torch.randn(3, 4000) * 4
+    x_cpu[0, :7] = float("-inf")
+    x_cpu[1, :5] = float("inf")
+    x_cpu, y_cpu = x_cpu.to(dtype), y_cpu.to(dtype)
+    x, y = x_cpu.to("ember"), y_cpu.to("ember")
+    expected = op(x_cpu, y_cpu)
+    torch_ember.reset_launch_stats()
+    sleep_on_stream()
+    begin = time.monotonic()
+    launched = op(x, y)
+    assert returned_before_the_sleep_ended(begin)
+    stats = torch_ember.launch_stats()
+    assert sum(v["waited"] for v in stats.values()) == 0, stats
+    assert sum(v["launched"] for v in stats.values()) >= 1, stats
+    assert launched.dtype == expected.dtype and launched.shape == expected.shape
+    assert launched.stride() == expected.stride()
+    # bitwise, NaN where CPU has NaN (a cumsum through -inf and inf)
+    torch.testing.assert_close(launched.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda x: torch.lt(x, x),
+        lambda x: torch.ge(x, 1.0),
+        lambda x: torch.isneginf(x),
+        lambda x: torch.all(x, 5),
+        lambda x: torch.cumsum(x, 3),
+    ],
+    ids=["lt_complex", "ge_complex_scalar", "isneginf_complex", "all_bad_dim", "cumsum_bad_dim"],
+)
+def test_mask_op_errors_are_raised_at_the_call(op):
+    """Ordering complex numbers, an infinity test of a complex tensor and a
+    dimension out of range raise CPU's error at the call, with the stream's
+    queue busy; nothing is left for the worker to raise later."""
+    x_cpu = torch.ones(4, 3000, dtype=torch.complex64)
+    x = x_cpu.to("ember")
+    sleep_on_stream(0.05)
+    with pytest.raises((RuntimeError, IndexError)) as on_cpu:
+        op(x_cpu)
+    with pytest.raises(type(on_cpu.value)) as on_ember:
+        op(x)
+    assert str(on_ember.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+    torch.ember.synchronize()

@@ -7,21 +7,32 @@
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_meta_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
+#include <ATen/ops/all_meta_dispatch.h>
+#include <ATen/ops/any_meta_dispatch.h>
 #include <ATen/ops/argmax_meta_dispatch.h>
 #include <ATen/ops/clamp_min_meta_dispatch.h>
 #include <ATen/ops/cos_meta_dispatch.h>
+#include <ATen/ops/cumsum_meta_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/eq_meta_dispatch.h>
 #include <ATen/ops/erf_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
 #include <ATen/ops/expm1_meta_dispatch.h>
 #include <ATen/ops/fill.h>
+#include <ATen/ops/ge_meta_dispatch.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
 #include <ATen/ops/index_copy_meta_dispatch.h>
+#include <ATen/ops/isneginf_meta_dispatch.h>
+#include <ATen/ops/isposinf_meta_dispatch.h>
+#include <ATen/ops/le_meta_dispatch.h>
 #include <ATen/ops/log1p_meta_dispatch.h>
 #include <ATen/ops/log_meta_dispatch.h>
+#include <ATen/ops/lt_meta_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
@@ -171,6 +182,52 @@ struct SumDim {
   static at::Tensor infer(T self, at::OptionalIntArrayRef dim, bool keepdim,
                           std::optional<at::ScalarType> dtype) {
     return at::meta::sum(self, dim, keepdim, dtype);
+  }
+};
+
+// Comparisons (masks: transformers' padding and causal masks, Falcon's
+// `le` of positions). CPU's lt/le/gt/ge kernels order real numbers only and
+// refuse complex operands their meta functions take: the launched form
+// declines those, so the synchronous form raises CPU's error at the call.
+template <bool kOrdered>
+void comparable(T self) {
+  if constexpr (kOrdered) {
+    TORCH_CHECK(!at::isComplexType(self.scalar_type()),
+                "launched comparisons order real operands");
+  }
+}
+template <at::Tensor (*MetaFn)(T, T), bool kOrdered>
+struct CompareTensor {
+  static at::Tensor infer(T self, T other) {
+    comparable<kOrdered>(self);
+    comparable<kOrdered>(other);
+    return MetaFn(self, other);
+  }
+};
+template <at::Tensor (*MetaFn)(T, S), bool kOrdered>
+struct CompareScalar {
+  static at::Tensor infer(T self, S other) {
+    comparable<kOrdered>(self);
+    TORCH_CHECK(!kOrdered || !other.isComplex(),
+                "launched comparisons order real operands");
+    return MetaFn(self, other);
+  }
+};
+// all / any over one dimension (the math attention's masked-row test).
+struct AllDim {
+  static at::Tensor infer(T self, int64_t dim, bool keepdim) {
+    return at::meta::all(self, dim, keepdim);
+  }
+};
+struct AnyDim {
+  static at::Tensor infer(T self, int64_t dim, bool keepdim) {
+    return at::meta::any(self, dim, keepdim);
+  }
+};
+struct Cumsum {
+  static at::Tensor infer(T self, int64_t dim,
+                          std::optional<at::ScalarType> dtype) {
+    return at::meta::cumsum(self, dim, dtype);
   }
 };
 
