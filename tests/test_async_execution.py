@@ -386,3 +386,38 @@ def test_threads_devices_and_streams_under_load_match_cpu():
         t.join()
     assert not errors, errors
     assert launched_count("aten::add.Tensor") > 0
+
+
+def test_a_small_upload_behind_queued_work_is_staged_not_waited_for():
+    """A blocking copy of a small host tensor into ember while work is queued
+    (position ids, masks: built on the host each decode step) does not wait
+    for the queue: the source's bytes are staged at the call and the write
+    is queued behind the work. The caller may change its memory at once; a
+    read of the destination sees what was copied."""
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    host = torch.arange(6, dtype=torch.int64)
+    sleep_on_stream()
+    begin = time.monotonic()
+    on_ember = host.to("ember")
+    assert returned_before_the_sleep_ended(begin)
+    host.fill_(-1)  # after the call: not what was copied
+    assert on_ember.tolist() == [0, 1, 2, 3, 4, 5]
+    stats = torch_ember.launch_stats()
+    assert stats["aten::copy_ (host to ember, staged)"]["launched"] == 1
+    assert "aten::copy_" not in stats, stats
+
+
+def test_a_large_upload_behind_queued_work_waits_and_is_counted_as_a_copy():
+    """Over 64 KiB the copy runs at the call once the queue has drained,
+    counted as a wait of aten::copy_ (not of the op before it)."""
+    torch.ember.synchronize()
+    host = torch.ones(64 * 1024 // 4 + 1)
+    x = torch.ones(4, device="ember")
+    sleep_on_stream()
+    _ = x + 1
+    torch_ember.reset_launch_stats()
+    on_ember = host.to("ember")
+    stats = torch_ember.launch_stats()
+    assert stats["aten::copy_"]["waited"] == 1, stats
+    assert torch.equal(on_ember.cpu(), host)

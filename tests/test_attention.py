@@ -299,3 +299,60 @@ def test_grouped_query_attention_with_uneven_groups_raises_like_cpu():
     with pytest.raises(RuntimeError) as on_ember:
         F.scaled_dot_product_attention(q.to(DEVICE), k3.to(DEVICE), v3.to(DEVICE), enable_gqa=True)
     assert str(on_ember.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("mask_kind", [None, "float", "bool"])
+@pytest.mark.parametrize("lq", [1, 7])
+def test_multi_query_attention_as_a_broadcast_takes_embers_kernel(mask_kind, lq):
+    """One key/value head broadcast against the query's heads without
+    enable_gqa (Falcon's multi-query attention): CPU takes sdpa's math path
+    (a dozen small ops, each of which drained the queue in a decode step);
+    in inference ember runs its own kernel, launched, within CPU's
+    tolerance of the math path."""
+    if not VECTOR_KERNELS:
+        pytest.skip("ember's attention kernel needs AVX-512F or AVX2")
+    q, _, _ = _qkv(1, 8, lq, 1, 64, seed=3)
+    _, k, v = _qkv(1, 1, lq, 12, 64, seed=4)
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(1, 1, lq, 12)
+        mask[..., 0, :3] = float("-inf")
+    elif mask_kind == "bool":
+        mask = torch.rand(1, 1, lq, 12) > 0.3
+        mask[..., 0, :] = False  # a row masked whole: zeros, as CPU's math path
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    args = [t.to(DEVICE) for t in (q, k, v)]
+    emask = None if mask is None else mask.to(DEVICE)
+    torch.ember.synchronize()
+    torch_ember.reset_launch_stats()
+    with torch.inference_mode(), be.flags(async_execution=True):
+        sleep_on_stream()
+        begin = time.monotonic()
+        out = F.scaled_dot_product_attention(*args, attn_mask=emask)
+        assert returned_before_the_sleep_ended(begin)
+        torch.ember.synchronize()
+    assert launched_count("aten::_scaled_dot_product_flash_attention_for_cpu") == 1
+    assert not any(v["waited"] for v in torch_ember.launch_stats().values())
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_multi_query_attention_as_a_broadcast_keeps_cpus_path_for_training_and_parity():
+    """With gradients to compute, or under cpu_parity, the broadcast heads
+    take CPU's math path, as on CPU (CPU's flash backward takes no broadcast
+    heads; parity is CPU's choice)."""
+    q, _, _ = _qkv(1, 4, 3, 1, 16, seed=5)
+    _, k, v = _qkv(1, 1, 3, 6, 16, seed=6)
+    expected = F.scaled_dot_product_attention(q, k, v)
+    qe = q.to(DEVICE).requires_grad_()
+    ke, ve = k.to(DEVICE), v.to(DEVICE)
+    torch_ember.reset_launch_stats()
+    with be.flags(async_execution=True):
+        out = F.scaled_dot_product_attention(qe, ke, ve)
+        out.sum().backward()
+        torch.ember.synchronize()
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in torch_ember.launch_stats()
+    torch.testing.assert_close(out.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
+    assert qe.grad is not None and qe.grad.shape == q.shape
+    with torch.inference_mode(), be.flags(cpu_parity=True):
+        parity = F.scaled_dot_product_attention(q.to(DEVICE), ke, ve)
+    assert torch.equal(parity.cpu(), expected)

@@ -19,6 +19,7 @@
 #include "ember/runtime/device.h"
 #include "ember/runtime/stream.h"
 #include "flags/BackendFlags.h"
+#include "graphs/GraphCapture.h"
 #include "ops/kernels/ParallelChunks.h"
 
 namespace ember {
@@ -158,15 +159,47 @@ void run_launched_inline(runtime::Stream& stream, const char* name,
       device, launching_thread_count(device), std::nullopt, std::cref(work)});
 }
 
-bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {
-  if (!src.device().is_cpu() || !dst.is_privateuseone()) return false;
-  if (src.scalar_type() != dst.scalar_type() || src.numel() != dst.numel() ||
-      src.numel() == 0 || src.is_conj() != dst.is_conj() ||
-      src.is_neg() != dst.is_neg() || !src.is_contiguous() ||
-      !dst.is_contiguous() || src.layout() != c10::kStrided ||
-      dst.layout() != c10::kStrided) {
+namespace {
+
+// A host tensor and an ember tensor whose bytes a plain memcpy copies.
+bool dense_upload(const at::Tensor& src, const at::Tensor& dst) {
+  return src.device().is_cpu() && dst.is_privateuseone() &&
+         src.scalar_type() == dst.scalar_type() && src.numel() == dst.numel() &&
+         src.numel() != 0 && src.is_conj() == dst.is_conj() &&
+         src.is_neg() == dst.is_neg() && src.is_contiguous() &&
+         dst.is_contiguous() && src.layout() == c10::kStrided &&
+         dst.layout() == c10::kStrided;
+}
+
+}  // namespace
+
+bool enqueue_staged_upload(const at::Tensor& src, const at::Tensor& dst) {
+  if (!launch_async() || capture::underway() || !dense_upload(src, dst) ||
+      src.nbytes() > kMaxStagedUploadBytes) {
     return false;
   }
+  const c10::DeviceIndex device = dst.device().index();
+  bool queued = false;
+  translate_runtime_errors([&] {
+    runtime::Stream& stream = runtime::device(device).streams().current();
+    stream.submit_held();
+    if (stream.query()) return;  // nothing to wait for: copied at the call
+    // The caller may change its host memory once the copy returns: the
+    // queued write reads a copy made now.
+    at::Tensor staged = src.clone();
+    const auto bytes = static_cast<std::size_t>(src.nbytes());
+    stream.enqueue("aten::copy_ (host to ember, staged)",
+                   [staged = std::move(staged), dst, bytes] {
+                     std::memcpy(dst.data_ptr(), staged.const_data_ptr(),
+                                 bytes);
+                   });
+    queued = true;
+  });
+  return queued;
+}
+
+bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst) {
+  if (!dense_upload(src, dst)) return false;
   if (!is_pinned_ptr(src.storage().data()) ||
       !is_pinned_ptr(static_cast<const char*>(src.data_ptr()) + src.nbytes() -
                      1)) {

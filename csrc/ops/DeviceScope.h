@@ -286,6 +286,21 @@ void run_on_device_recorded(c10::DeviceIndex device, std::string_view op,
 // synchronously. The queued work holds both tensors until it has run.
 bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst);
 
+// A blocking copy of at most kMaxStagedUploadBytes from pageable host
+// memory into a dense ember tensor, while the destination's stream has work
+// queued: the source's bytes are copied into a host buffer at the call and
+// the write into the device tensor is queued behind that work, as CUDA
+// stages a pageable upload, instead of the host waiting for the queue (the
+// position ids, masks and scalars models build on the host each decode
+// step: a Falcon step waited ~3 times). Nothing the caller can observe
+// differs: its memory may change after the call, a host read of the
+// destination waits for the queue. Returns false, having done nothing,
+// where asynchronous execution is off, a graph may capture, the stream is
+// idle (the copy is then cheaper at the call) or the copy is not a plain
+// memcpy.
+inline constexpr int64_t kMaxStagedUploadBytes = 64 * 1024;
+bool enqueue_staged_upload(const at::Tensor& src, const at::Tensor& dst);
+
 // Before the host (or another device) reads `device`'s memory: waits for
 // the work queued on its streams and raises a pending asynchronous error.
 void synchronize_for_host_read(c10::DeviceIndex device);

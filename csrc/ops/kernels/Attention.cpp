@@ -1,10 +1,16 @@
 // Attention on ember. scaled_dot_product_attention asks fused_sdp_choice
-// which kernel to use: ember makes exactly CPU's choice (CPU flash
-// attention when its constraints hold, else the math path). The flash entry
+// which kernel to use: ember makes CPU's choice (CPU flash
+// attention when its constraints hold, else the math path; in inference,
+// multi-query attention written as a broadcast takes the flash entry too,
+// see broadcast_heads_on_ember_kernel). The flash entry
 // point then runs ember's own kernel by default (attention/AttentionKernel.h)
 // and CPU's under cpu_parity, determinism, dropout, or for what ember's
 // kernel does not take (other dtypes, strided last dims).
+#include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_ops.h>
 #include <ATen/ops/empty.h>
@@ -195,6 +201,51 @@ std::tuple<at::Tensor, at::Tensor> bf16_attention(
   return result;
 }
 
+// Multi-query attention written as a broadcast (Falcon: one key/value head
+// beside the query's, no enable_gqa): CPU's flash kernel refuses the
+// differing head counts, so CPU takes the math path, a dozen small ops
+// that each drained the stream's queue in a decode step. ember's kernel
+// computes the same attention (its grouped-query mapping sends every query
+// head to key/value head 0, which is what the broadcast means), so in
+// inference, outside cpu_parity and where the user allows the flash
+// backend, the flash entry point takes it. Training keeps the math path
+// (CPU's flash backward takes no broadcast heads).
+bool broadcast_heads_on_ember_kernel(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask, double dropout_p,
+    bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  if (enable_gqa || query.dim() != 4 || key.dim() != 4 || value.dim() != 4 ||
+      query.size(1) <= 1 || key.size(1) != 1 || value.size(1) != 1 ||
+      !at::globalContext().userEnabledFlashSDP() || !query.is_privateuseone()) {
+    return false;
+  }
+  const auto needs_grad = [](const at::Tensor& t) { return t.requires_grad(); };
+  if (at::GradMode::is_enabled() &&
+      (needs_grad(query) || needs_grad(key) || needs_grad(value) ||
+       (attn_mask.has_value() && attn_mask->defined() &&
+        needs_grad(*attn_mask)))) {
+    return false;
+  }
+  const bool bool_mask = attn_mask.has_value() && attn_mask->defined() &&
+                         attn_mask->scalar_type() == at::kBool;
+  if (!bool_mask) {
+    return plan(query, key, value, dropout_p, is_causal, attn_mask, scale)
+        .has_value();
+  }
+  // The choice sees the caller's boolean mask; the flash entry gets it
+  // converted to a contiguous mask of the query's dtype (0 / -inf), which
+  // plan() takes where it expands with unit stride along the keys.
+  const at::Tensor& mask = *attn_mask;
+  const int64_t kv_len = key.size(2);
+  return mask.dim() >= 1 && mask.dim() <= 4 &&
+         mask.device() == query.device() && kv_len > 1 &&
+         mask.size(-1) == kv_len &&
+         at::is_expandable_to(mask.sizes(), {query.size(0), query.size(1),
+                                             query.size(2), kv_len}) &&
+         plan(query, key, value, dropout_p, is_causal, std::nullopt, scale)
+             .has_value();
+}
+
 }  // namespace
 
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
@@ -204,8 +255,16 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key,
                          std::optional<double> scale, bool enable_gqa) {
   // CPU's selection reads only metadata (shapes, strides, dtypes) and the
   // global sdp flags, so it applies to ember tensors as they are.
-  return at::native::_fused_sdp_choice_cpp(
+  const int64_t choice = at::native::_fused_sdp_choice_cpp(
       query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+  constexpr auto kMath = static_cast<int64_t>(at::SDPBackend::math);
+  constexpr auto kFlash = static_cast<int64_t>(at::SDPBackend::flash_attention);
+  if (choice == kMath &&
+      broadcast_heads_on_ember_kernel(query, key, value, attn_mask, dropout_p,
+                                      is_causal, scale, enable_gqa)) {
+    return kFlash;
+  }
+  return choice;
 }
 
 std::tuple<at::Tensor, at::Tensor> flash_attention(
