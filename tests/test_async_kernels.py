@@ -362,3 +362,60 @@ def test_mask_op_errors_are_raised_at_the_call(op):
         op(x)
     assert str(on_ember.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
     torch.ember.synchronize()
+
+
+_INDEX_CASES = {
+    "list_index": lambda t, dev: t[..., [-2], :],  # Falcon's fused QKV split
+    "one_dim": lambda t, dev: t[:, torch.tensor([0, 3, 1], device=dev)],
+    "non_adjacent": lambda t, dev: t[
+        torch.tensor([[1, 0]], device=dev), :, torch.tensor([2], device=dev)
+    ],
+    "int32_broadcast": lambda t, dev: t[
+        torch.tensor([[1], [0]], dtype=torch.int32, device=dev),
+        torch.tensor([4, 2, 0], dtype=torch.int32, device=dev),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(_INDEX_CASES))
+def test_indexing_by_integer_tensors_is_launched_with_cpus_result(name):
+    """x[..., idx] with integer index tensors on ember is launched (it ran at
+    the call through the boxed delegation, draining the queue: Falcon's
+    fused QKV split, twice a layer and step); the result's shape and strides
+    are CPU's, its values CPU's (indices read when the kernel runs)."""
+    op = _INDEX_CASES[name]
+    x_cpu = torch.arange(2 * 5 * 6 * 8, dtype=torch.float32).reshape(2, 5, 6, 8)
+    x = x_cpu.to("ember")
+    expected = op(x_cpu, "cpu")
+    torch_ember.reset_launch_stats()
+    sleep_on_stream()
+    begin = time.monotonic()
+    got = op(x, "ember")
+    assert returned_before_the_sleep_ended(begin)
+    assert launched_count("aten::index.Tensor") == 1, torch_ember.launch_stats()
+    assert got.shape == expected.shape and got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_indexing_by_masks_or_host_indices_stays_synchronous():
+    """A boolean mask selects a count known only from its values, and a host
+    index tensor is read at the call: both run synchronously, as before."""
+    x_cpu = torch.randn(4, 5)
+    x = x_cpu.to("ember")
+    sleep_on_stream()
+    torch_ember.reset_launch_stats()
+    assert torch.equal(x[x > 0].cpu(), x_cpu[x_cpu > 0])
+    assert torch.equal(x[:, torch.tensor([4, 1])].cpu(), x_cpu[:, torch.tensor([4, 1])])
+    assert launched_count("aten::index.Tensor") == 0
+
+
+def test_indexing_out_of_range_is_an_asynchronous_error_naming_the_op():
+    """Index values are read when the kernel runs: one out of range is
+    raised at the next synchronisation, naming the op and CPU's message (as
+    CUDA reports a device-side assert); the stream works afterwards."""
+    x = torch.randn(2, 5, device="ember")
+    index = torch.tensor([7], device="ember")
+    x[:, index]
+    with pytest.raises(RuntimeError, match=r"aten::index.Tensor.*out of bounds"):
+        torch.ember.synchronize()
+    assert torch.equal(x[:, torch.tensor([4], device="ember")].cpu(), x.cpu()[:, [4]])

@@ -1,8 +1,8 @@
-// cat and index_select on ember, launched on the stream (ops/LaunchedOps.h):
-// the result's layout comes from CPU's own rules (cat's structured meta
-// function; index_select's contiguous result of the input's shape with the
-// selected dimension resized), and the worker runs CPU's out= kernel into
-// it (a cat of contiguous inputs of the result's dtype: row copies split
+// cat, index_select and indexing by integer tensors on ember, launched on
+// the stream (ops/LaunchedOps.h): the result's layout comes from CPU's own
+// rules (cat's and index's structured meta functions; index_select's
+// contiguous result of the input's shape with the selected dimension
+// resized), and the worker runs CPU's out= kernel into it (a cat of contiguous inputs of the result's dtype: row copies split
 // over the device's threads, cat_rows). Anything else (host tensors among the
 // inputs, async execution off, a meta check that fails) takes the synchronous
 // CPU delegation, which raises CPU's errors.
@@ -12,6 +12,8 @@
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/cat_ops.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_meta_dispatch.h>
+#include <ATen/ops/index_ops.h>
 #include <ATen/ops/index_select_ops.h>
 #include <c10/util/DimVector.h>
 #include <c10/util/accumulate.h>
@@ -166,7 +168,72 @@ at::Tensor index_select(const at::Tensor& self, int64_t dim,
   return out;
 }
 
+// x[..., idx] with integer index tensors (transformers' Falcon splits its
+// fused QKV with one-element list indices, twice a layer and step). The
+// result's shape follows from the indices' shapes alone; their values are
+// read when the kernel runs (an index out of range is an asynchronous
+// error, as CUDA's device-side assert). Boolean and byte indices select a
+// data-dependent count, and host indices are read at the call: both stay
+// synchronous.
+at::Tensor index_tensor(const at::Tensor& self,
+                        const c10::List<std::optional<at::Tensor>>& indices) {
+  using Op = at::_ops::index_Tensor;
+  const auto sync = [&] {
+    static const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::index",
+                                                       "Tensor");
+    return unboxed::boxed(op, self, indices).back().toTensor();
+  };
+  if (!launch_async() || !self.is_privateuseone()) return sync();
+  for (const std::optional<at::Tensor>& index : indices) {
+    if (!index.has_value() || !index->defined()) continue;
+    if (!index->is_privateuseone() || (index->scalar_type() != at::kLong &&
+                                       index->scalar_type() != at::kInt)) {
+      return sync();
+    }
+  }
+  // Held here: the call references its arguments until it ends, and a
+  // c10::List hands out its elements as temporaries.
+  const std::vector<std::optional<at::Tensor>> held = indices.vec();
+  at::Tensor out;
+  {
+    DelegationCall call(unboxed::op_name<Op>(), /*accepts_cpu_tensors=*/false);
+    at::Tensor self_cpu = call.to_cpu(self, false);
+    c10::List<std::optional<at::Tensor>> indices_cpu;
+    indices_cpu.reserve(held.size());
+    for (const std::optional<at::Tensor>& index : held) {
+      indices_cpu.push_back(index.has_value() && index->defined()
+                                ? std::optional<at::Tensor>(
+                                      call.to_cpu(*index, false))
+                                : std::nullopt);
+    }
+    call.settle();
+    at::Tensor meta;
+    try {
+      meta = at::meta::index(self_cpu, indices_cpu);
+    } catch (const std::exception&) {
+      return sync();
+    }
+    out = unboxed::empty_like_meta(meta, call.device());
+    if (!launch_on_device(
+            call.device(), unboxed::op_name<Op>().c_str(),
+            [self_cpu, indices_cpu = std::move(indices_cpu),
+             out_cpu = cpu_alias(out)]() mutable {
+              run_split_free([&] {
+                at::_ops::index_Tensor_out::redispatch(kCpu, self_cpu,
+                                                       indices_cpu, out_cpu);
+              });
+            },
+            out.numel())) {
+      return out;
+    }
+  }
+  count_launch(unboxed::op_name<Op>());
+  return out;
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index.Tensor", TORCH_FN(index_tensor));
   m.impl("cat", TORCH_FN(cat));
   m.impl("index_select", TORCH_FN(index_select));
 }
