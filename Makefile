@@ -150,6 +150,15 @@ bench-breakdown: setup
 bench-conv: setup
 	$(PY) benchmarks/conv_layers.py --out docs/bench/conv_layers.md
 
+# Greedy decode across transformers' decoder architectures (Llama, Mistral,
+# Qwen2, Gemma, Phi-3, GPT-NeoX, OPT, Falcon; small configs, random weights):
+# ember eager against CPU eager in alternating rounds, and the queue waits per
+# step by op (~3 min). Writes docs/bench/decoders.md.
+.PHONY: bench-decoders
+
+bench-decoders: setup
+	$(PY) benchmarks/decoders.py --out docs/bench/decoders.md
+
 # Serving throughput (issue 11): N BERT replicas on N devices that own their
 # cores vs one device owning them all, one 1-core device and CPU; every
 # configuration 3 times in rotating order, medians (~10 min on 2 cores).

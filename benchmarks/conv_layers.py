@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from suite import workloads
+from suite.peak import cpu_model
 
 import torch_ember  # noqa: F401
 
@@ -171,12 +171,7 @@ FLOPS_NOTE = (
 
 def render(layers: list[dict], results: list[dict], args: argparse.Namespace) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    cpu_name = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            cpu_name = line.split(":", 1)[1].strip()
-            break
+    cpu_name = cpu_model()
     out = [
         "# ResNet-50's convolution layers: ember's route against CPU's",
         "",

@@ -128,3 +128,24 @@ def test_op_overhead_large_samples_time_computed_results():
         pytest.skip("no elementwise chain on this CPU (needs AVX-512F or AVX2)")
     assert dropped["skipped"] > 0  # what the keep flag is for
     assert kept["skipped"] == 0 and kept["written"] == 3
+
+
+def test_decoders_tiny(tmp_path):
+    if not hasattr(torch, "ember"):
+        pytest.skip("torch_ember is not loaded")
+    import decoders
+
+    out = tmp_path / "decoders.md"
+    rc = decoders.main(
+        ["--tiny", "--rounds", "1", "--tokens", "3", "--models", "llama,falcon", "--out", str(out)]
+    )
+    assert rc == 0
+    md = out.read_text()
+    assert md.startswith(decoders.HEADER)
+    rows = [ln for ln in md.splitlines() if ln.startswith(("| llama |", "| falcon |"))]
+    assert len(rows) == 2, md
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[1]) > 0 and float(cells[2]) > 0 and cells[3].endswith("x")
+    with pytest.raises(SystemExit, match="unknown architectures"):
+        decoders.main(["--tiny", "--models", "nope"])

@@ -38,6 +38,7 @@ using unboxed::SplitFreeOutForm;
 
 constexpr auto meta_tensor(at::Tensor (*fn)(T, T)) { return fn; }
 constexpr auto meta_scalar(at::Tensor (*fn)(T, S)) { return fn; }
+constexpr auto meta_one_dim(at::Tensor (*fn)(T, int64_t, bool)) { return fn; }
 
 // `name.Tensor` and `name.Scalar` of one comparison, launched.
 #define EMBER_LAUNCHED_COMPARISON(m, name, ordered)                           \
@@ -74,10 +75,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // whole (CPU's _safe_softmax), once per layer and step.
   m.impl("all.dim",
          TORCH_FN((launched<ops::all_dim, SplitFreeOutForm<ops::all_out>,
-                            lay::AllDim, T, int64_t, bool>)));
+                            lay::OneDimReduction<meta_one_dim(at::meta::all)>,
+                            T, int64_t, bool>)));
   m.impl("any.dim",
          TORCH_FN((launched<ops::any_dim, SplitFreeOutForm<ops::any_out>,
-                            lay::AnyDim, T, int64_t, bool>)));
+                            lay::OneDimReduction<meta_one_dim(at::meta::any)>,
+                            T, int64_t, bool>)));
   m.impl(
       "cumsum",
       TORCH_FN(

@@ -214,14 +214,10 @@ struct CompareScalar {
   }
 };
 // all / any over one dimension (the math attention's masked-row test).
-struct AllDim {
+template <at::Tensor (*MetaFn)(T, int64_t, bool)>
+struct OneDimReduction {
   static at::Tensor infer(T self, int64_t dim, bool keepdim) {
-    return at::meta::all(self, dim, keepdim);
-  }
-};
-struct AnyDim {
-  static at::Tensor infer(T self, int64_t dim, bool keepdim) {
-    return at::meta::any(self, dim, keepdim);
+    return MetaFn(self, dim, keepdim);
   }
 };
 struct Cumsum {
