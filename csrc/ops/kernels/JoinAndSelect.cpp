@@ -2,10 +2,11 @@
 // the stream (ops/LaunchedOps.h): the result's layout comes from CPU's own
 // rules (cat's and index's structured meta functions; index_select's
 // contiguous result of the input's shape with the selected dimension
-// resized), and the worker runs CPU's out= kernel into it (a cat of contiguous inputs of the result's dtype: row copies split
-// over the device's threads, cat_rows). Anything else (host tensors among the
-// inputs, async execution off, a meta check that fails) takes the synchronous
-// CPU delegation, which raises CPU's errors.
+// resized), and the worker runs CPU's out= kernel into it (a cat of contiguous
+// inputs of the result's dtype: row copies split over the device's threads,
+// cat_rows). Anything else (host tensors among the inputs, async execution off,
+// a meta check that fails) takes the synchronous CPU delegation, which raises
+// CPU's errors.
 #include <ATen/Parallel.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/core/Tensor.h>
@@ -180,8 +181,7 @@ at::Tensor index_tensor(const at::Tensor& self,
   using Op = at::_ops::index_Tensor;
   const auto sync = [&] {
     static const c10::OperatorHandle op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("aten::index",
-                                                       "Tensor");
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::index", "Tensor");
     return unboxed::boxed(op, self, indices).back().toTensor();
   };
   if (!launch_async() || !self.is_privateuseone()) return sync();
@@ -202,10 +202,10 @@ at::Tensor index_tensor(const at::Tensor& self,
     c10::List<std::optional<at::Tensor>> indices_cpu;
     indices_cpu.reserve(held.size());
     for (const std::optional<at::Tensor>& index : held) {
-      indices_cpu.push_back(index.has_value() && index->defined()
-                                ? std::optional<at::Tensor>(
-                                      call.to_cpu(*index, false))
-                                : std::nullopt);
+      indices_cpu.push_back(
+          index.has_value() && index->defined()
+              ? std::optional<at::Tensor>(call.to_cpu(*index, false))
+              : std::nullopt);
     }
     call.settle();
     at::Tensor meta;
