@@ -408,6 +408,21 @@ def test_a_small_upload_behind_queued_work_is_staged_not_waited_for():
     assert "aten::copy_" not in stats, stats
 
 
+def test_a_wait_after_an_op_is_not_counted_under_that_ops_name():
+    """An op's name lasts while its call does: a later wait by code that is
+    no op (here an engine query run at the call) is unnamed work, not the
+    last op's."""
+    torch.ember.synchronize()
+    y = torch.arange(4.0, device="ember")
+    sleep_on_stream()
+    torch.cumprod(y, 0)  # synchronous: waits, counted as aten::cumprod
+    sleep_on_stream()
+    torch_ember.reset_launch_stats()
+    torch_ember._C._engine_inline_threads(0)  # waits for the sleep
+    stats = torch_ember.launch_stats()
+    assert stats == {"(unnamed work)": {"launched": 0, "waited": 1}}, stats
+
+
 def test_a_large_upload_behind_queued_work_waits_and_is_counted_as_a_copy():
     """Over 64 KiB the copy runs at the call once the queue has drained,
     counted as a wait of aten::copy_ (not of the op before it)."""

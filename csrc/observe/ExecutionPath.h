@@ -14,8 +14,25 @@ enum class ExecutionPath : unsigned char {
 
 inline thread_local ExecutionPath t_path = ExecutionPath::kUnmarked;
 inline thread_local const char* t_route = nullptr;  // e.g. "onednn/bf16"
-// The delegated op running on this thread (a static name), for heap checks.
+// The op running on this thread (a static name), for heap checks and the
+// queue waits launch_stats() counts. Set through CurrentOpScope only.
 inline thread_local const char* t_current_op = nullptr;
+
+// Names the op running on this thread while it lives, then restores the
+// name it found: a wait after the op (a copy, a synchronous kernel that is
+// no delegated op) is not counted under the last delegated op's name.
+class CurrentOpScope {
+ public:
+  explicit CurrentOpScope(const char* op) : previous_(t_current_op) {
+    t_current_op = op;
+  }
+  ~CurrentOpScope() { t_current_op = previous_; }
+  CurrentOpScope(const CurrentOpScope&) = delete;
+  CurrentOpScope& operator=(const CurrentOpScope&) = delete;
+
+ private:
+  const char* previous_;
+};
 
 inline void mark_path(ExecutionPath path, const char* route = nullptr) {
   // A copy is the most telling fact about a call: never downgrade it.

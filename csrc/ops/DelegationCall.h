@@ -21,11 +21,11 @@ class DelegationCall final {
   DelegationCall(std::string_view op_name, bool accepts_cpu_tensors)
       : op_name_(op_name),
         accepts_cpu_tensors_(accepts_cpu_tensors),
+        // Op names come from static strings or registered schemas (stable
+        // and null-terminated): safe to keep for EMBER_DEBUG_HEAP reports.
+        current_op_(op_name.data()),
         scope_(-1) {
     observe::mark_path(observe::ExecutionPath::kDelegated);
-    // Op names come from static strings or registered schemas (stable and
-    // null-terminated): safe to keep for EMBER_DEBUG_HEAP reports.
-    observe::t_current_op = op_name.data();
   }
 
   // An argument on its way to the CPU kernel: ember tensors become aliases,
@@ -76,6 +76,7 @@ class DelegationCall final {
 
   std::string_view op_name_;
   bool accepts_cpu_tensors_;
+  observe::CurrentOpScope current_op_;
   c10::DeviceIndex device_ = -1;
   std::optional<c10::Device> foreign_;
   AliasScope scope_;

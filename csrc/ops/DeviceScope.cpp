@@ -188,11 +188,11 @@ bool enqueue_staged_upload(const at::Tensor& src, const at::Tensor& dst) {
     // queued write reads a copy made now.
     at::Tensor staged = src.clone();
     const auto bytes = static_cast<std::size_t>(src.nbytes());
-    stream.enqueue("aten::copy_ (host to ember, staged)",
-                   [staged = std::move(staged), dst, bytes] {
-                     std::memcpy(dst.data_ptr(), staged.const_data_ptr(),
-                                 bytes);
-                   });
+    static const std::string name = "aten::copy_ (host to ember, staged)";
+    stream.enqueue(name.c_str(), [staged = std::move(staged), dst, bytes] {
+      std::memcpy(dst.data_ptr(), staged.const_data_ptr(), bytes);
+    });
+    count_launch(name);
     queued = true;
   });
   return queued;

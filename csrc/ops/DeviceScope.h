@@ -297,7 +297,7 @@ bool enqueue_pinned_upload(const at::Tensor& src, const at::Tensor& dst);
 // destination waits for the queue. Returns false, having done nothing,
 // where asynchronous execution is off, a graph may capture, the stream is
 // idle (the copy is then cheaper at the call) or the copy is not a plain
-// memcpy.
+// memcpy. A staged copy is counted as launched in launch_stats().
 inline constexpr int64_t kMaxStagedUploadBytes = 64 * 1024;
 bool enqueue_staged_upload(const at::Tensor& src, const at::Tensor& dst);
 

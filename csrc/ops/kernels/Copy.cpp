@@ -74,17 +74,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst,
                      bool non_blocking) {
   if (dst.is_privateuseone()) note_storage_write(dst);
   // Names this op in launch_stats() (a wait for the queue) and heap reports:
-  // a copy is no delegated op, so the name would be the last one's.
-  observe::t_current_op = "aten::copy_";
+  // a copy is no delegated op.
+  const observe::CurrentOpScope current_op("aten::copy_");
   // From pinned host memory: queued on the stream (DeviceScope.h). Any
   // other non_blocking copy has completed on return, which satisfies its
   // contract.
   if (non_blocking && enqueue_pinned_upload(self, dst)) return dst;
-  if (enqueue_staged_upload(self, dst)) {
-    static const std::string name = "aten::copy_ (host to ember, staged)";
-    count_launch(name);
-    return dst;
-  }
+  if (enqueue_staged_upload(self, dst)) return dst;
   const c10::DeviceIndex device =
       dst.is_privateuseone() ? dst.device().index() : self.device().index();
   // CPU's copy_ refuses a source that partially overlaps its destination

@@ -461,6 +461,7 @@ at::Tensor run_direct_result(const Plan& plan, const at::Tensor& a,
     return *std::move(launched);
   }
   // Synchronous, and no graph capturing (launch_direct records a capture).
+  const observe::CurrentOpScope current_op(direct_launch_name(plan).c_str());
   at::Tensor out;
   run_on_device(a.device().index(), [&] {
     out = make_out();
@@ -543,11 +544,14 @@ bool fast_linear_out(const at::Tensor& out, const at::Tensor& self,
     if (launched) {
       mark_onednn_path(plan, Epilogue::kNone);
     } else {
+      const observe::CurrentOpScope current_op(onednn_launch_name().c_str());
       const at::Tensor result = run_onednn(plan, a);
       run_on_device(device,
                     [&] { const_cast<at::Tensor&>(out).copy_(result); });
     }
   } else if (!launch_direct(*route, a, [&] { return out; })) {
+    const observe::CurrentOpScope current_op(
+        direct_launch_name(*route).c_str());
     run_on_device(device, [&] {
       run_direct(*route, DirectOperands::of(a, route->bias, out));
     });
