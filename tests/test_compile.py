@@ -487,3 +487,30 @@ def test_ember_gemm_rejects_an_unknown_activation():
     a = _randn(20, 8)
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         torch.ops.ember.gemm(None, a, _randn(8, 4), "swish")
+
+
+def test_dynamos_current_stream_lookup_answers_for_ember_as_torch_does():
+    """Compiled code looks up the current stream at every call
+    (torch_ember/compile/dynamo_streams.py answers it without
+    torch.accelerator's Python layers): the same stream as torch's function,
+    on the default stream and inside a side stream's context."""
+    import torch._dynamo.guards as dynamo_guards
+    import torch._dynamo.utils as dynamo_utils
+
+    lookup = dynamo_utils.get_current_stream
+    assert getattr(lookup, "ember_direct", False)
+    assert dynamo_guards.get_current_stream is lookup
+    device = torch.device(DEVICE, 0)
+    side = torch.ember.Stream()
+    for context in (torch.ember.stream(torch.ember.default_stream()), torch.ember.stream(side)):
+        with context:
+            assert lookup(device) == torch.accelerator.current_stream(device)
+            assert lookup(torch.device(DEVICE)) == torch.accelerator.current_stream(device)
+    assert lookup(device) == torch.ember.default_stream()
+
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
+    x = torch.arange(8.0, device=DEVICE)
+    with torch.ember.stream(side):
+        out = compiled(x)
+    side.synchronize()
+    assert torch.equal(out.cpu(), torch.arange(8.0) * 2 + 1)
