@@ -491,14 +491,15 @@ def test_ember_gemm_rejects_an_unknown_activation():
 
 def test_dynamos_current_stream_lookup_answers_for_ember_as_torch_does():
     """Compiled code looks up the current stream at every call
-    (torch_ember/compile/dynamo_streams.py answers it without
-    torch.accelerator's Python layers): the same stream as torch's function,
-    on the default stream and inside a side stream's context."""
+    (torch_ember/compile/dynamo_streams.py answers it in C++, without
+    torch.accelerator's Python frames): the same stream as torch's function,
+    on the default stream and inside a side stream's context, and torch's
+    ValueError for a device that is not the accelerator."""
     import torch._dynamo.guards as dynamo_guards
     import torch._dynamo.utils as dynamo_utils
 
     lookup = dynamo_utils.get_current_stream
-    assert getattr(lookup, "ember_direct", False)
+    assert lookup is torch_ember._C._current_stream_of
     assert dynamo_guards.get_current_stream is lookup
     device = torch.device(DEVICE, 0)
     side = torch.ember.Stream()
@@ -507,6 +508,8 @@ def test_dynamos_current_stream_lookup_answers_for_ember_as_torch_does():
             assert lookup(device) == torch.accelerator.current_stream(device)
             assert lookup(torch.device(DEVICE)) == torch.accelerator.current_stream(device)
     assert lookup(device) == torch.ember.default_stream()
+    with pytest.raises(ValueError, match="doesn't match the current accelerator"):
+        lookup(torch.device("cpu"))
 
     compiled = torch.compile(lambda x: x * 2 + 1, backend="eager")
     x = torch.arange(8.0, device=DEVICE)

@@ -10,10 +10,12 @@
 // in integer registers and on the stack alike (System V x86-64 ABI), so the
 // kernel is called through a function type of N 64-bit words; a kernel with
 // any other argument (a float scalar) is not launched.
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/core/Tensor.h>
 #include <omp.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
@@ -132,9 +134,26 @@ void note_kernel_writes(const py::tuple& args, const py::object& written) {
   for (const py::handle index : written) note(index.cast<size_t>());
 }
 
+// torch.accelerator.current_stream(device) for an ember device, as a
+// builtin: Dynamo's compiled code looks the current stream up on every call
+// (torch_ember/compile/dynamo_streams.py), and a Python function there is
+// entered through Dynamo's frame hook each time.
+c10::Stream current_stream_of(const at::Device& device) {
+  if (!device.is_privateuseone()) {
+    throw py::value_error(
+        c10::DeviceTypeName(device.type(), /*lower_case=*/true) +
+        " doesn't match the current accelerator ember.");
+  }
+  return at::accelerator::getCurrentStream(
+      device.has_index() ? device.index()
+                         : static_cast<c10::DeviceIndex>(rt::current_device()));
+}
+
 }  // namespace
 
 void bind_compiled_kernels(py::module& m) {
+  m.def("_current_stream_of", &current_stream_of, py::arg("device"),
+        "torch.accelerator.current_stream(device) for an ember device.");
   m.def("note_kernel_writes", &note_kernel_writes, py::arg("args"),
         py::arg("written"),
         "Reports a generated kernel's writes to its ember tensor arguments "
