@@ -491,7 +491,7 @@ def test_ember_gemm_rejects_an_unknown_activation():
 
 def test_dynamos_current_stream_lookup_answers_for_ember_as_torch_does():
     """Compiled code looks up the current stream at every call
-    (torch_ember/compile/dynamo_streams.py answers it in C++, without
+    (torch_ember/compile/dynamo_builtins.py answers it in C++, without
     torch.accelerator's Python frames): the same stream as torch's function,
     on the default stream and inside a side stream's context, and torch's
     ValueError for a device that is not the accelerator."""
@@ -517,3 +517,74 @@ def test_dynamos_current_stream_lookup_answers_for_ember_as_torch_does():
         out = compiled(x)
     side.synchronize()
     assert torch.equal(out.cpu(), torch.arange(8.0) * 2 + 1)
+
+
+def test_dynamos_per_call_weakref_store_is_a_builtin_doing_what_torchs_does():
+    """Compiled code stores weak references to its current stream at every
+    call (store_user_object_weakrefs): ember's builtin fills torch's registry
+    as torch's function does, replacing what was there, and raises
+    TypeError for an object without weak references, leaving the registry
+    empty as torch's does."""
+    import weakref
+
+    import torch._dynamo.graph_bytecode_inputs as graph_inputs
+
+    from torch_ember.compile import dynamo_builtins
+
+    assert dynamo_builtins.installed()
+    store = graph_inputs.store_user_object_weakrefs
+    assert not isinstance(store, type(test_ember_gemm_rejects_an_unknown_activation))
+    registry = graph_inputs.index_to_external_object_weakref
+    saved = dict(registry)
+    try:
+        stream, side = torch.ember.default_stream(), torch.ember.Stream()
+        registry[5] = weakref.ref(side)
+        store(stream, side)
+        assert sorted(registry) == [0, 1]
+        assert registry[0]() is stream and registry[1]() is side
+        assert isinstance(registry[0], weakref.ReferenceType)
+        with pytest.raises(TypeError, match="weak reference"):
+            store(side, 3)
+        assert registry == {}
+        store()
+        assert registry == {}
+    finally:
+        registry.clear()
+        registry.update(saved)
+
+    # A compiled function that uses its current stream reads it back there.
+    def on_current_stream(x):
+        s = torch.accelerator.current_stream()
+        s.synchronize()
+        return x + 1
+
+    compiled = torch.compile(on_current_stream, backend="eager")
+    x = torch.arange(4.0, device=DEVICE)
+    with torch.ember.stream(side):
+        out = compiled(x)
+    assert torch.equal(out.cpu(), torch.arange(4.0) + 1)
+
+
+def test_dynamos_pregraph_profiler_range_is_recorded_only_while_profiling():
+    """The builtins bracketing a compiled frame's pre-graph bytecode
+    (record_pregraph_bytecode_enter/exit) record torch's "Pregraph bytecode"
+    range under the profiler, and do nothing (no context object) otherwise."""
+    import torch._dynamo.utils as dynamo_utils
+
+    enter, leave = (
+        dynamo_utils.record_pregraph_bytecode_enter,
+        dynamo_utils.record_pregraph_bytecode_exit,
+    )
+    assert enter() is None
+    leave(None)
+    compiled = torch.compile(lambda x: x * 3, backend="eager")
+    x = torch.ones(4, device=DEVICE)
+    compiled(x)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert compiled(x).sum().item() == 12
+    names = [e.name for e in prof.events()]
+    assert names.count("Pregraph bytecode") == 1
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        cm = enter()
+        assert cm is not None
+        leave(cm)

@@ -31,6 +31,7 @@ void bind_ecosystem(py::module& m);         // EcosystemBindings.cpp
 void bind_engine(py::module& m);            // EngineBindings.cpp
 void bind_ipc(py::module& m);               // IpcBindings.cpp
 void bind_compiled_kernels(py::module& m);  // CompiledKernelBindings.cpp
+void bind_dynamo_builtins(py::module& m);   // DynamoBuiltins.cpp
 
 namespace {
 
@@ -283,4 +284,5 @@ PYBIND11_MODULE(_C, m) {
   bind_engine(m);
   bind_ipc(m);
   bind_compiled_kernels(m);
+  bind_dynamo_builtins(m);
 }

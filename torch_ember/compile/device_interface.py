@@ -105,6 +105,6 @@ def register_device_interface() -> None:
     register_interface_for_device("ember", EmberInterface)
     for index in range(torch.ember.device_count()):
         register_interface_for_device(f"ember:{index}", EmberInterface)
-    from torch_ember.compile.dynamo_streams import install
+    from torch_ember.compile.dynamo_builtins import install
 
     install()
