@@ -76,13 +76,11 @@ def async_on():
 def held_work():
     """Asynchronous execution and held work (fuse_elementwise) on, chain and
     epilogue counts reset; the streams drained before and after."""
-    torch_ember._C._hold_convolutions_on_avx2(True)  # their AVX2 epilogues too
     with torch.backends.ember.flags(async_execution=True, fuse_elementwise=True):
         torch.ember.synchronize()
         torch_ember.reset_chain_stats()
         yield
         torch.ember.synchronize()
-    torch_ember._C._hold_convolutions_on_avx2(False)
 
 
 @pytest.fixture

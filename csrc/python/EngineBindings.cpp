@@ -76,9 +76,6 @@ void bind_engine(py::module& m) {
         });
       },
       "Queues work that sleeps `seconds` on a stream (tests, benchmarks).");
-  m.def("_hold_convolutions_on_avx2", &kernels::set_hold_convolutions_on_avx2,
-        "Holds convolutions for their epilogues on AVX2 CPUs too, where "
-        "they are not held by default (tests of the AVX2 epilogues).");
   m.def("_engine_keep_workers_awake", &rt::Stream::keep_workers_awake,
         "While set, stream workers count as awake: small launched work is "
         "queued even while a worker sleeps, and tiny work on an idle stream "

@@ -224,21 +224,12 @@ bool channel_vector(const at::Tensor& t, int64_t channels, c10::Device device) {
          t.size(0) == channels;
 }
 
-// Tests' override of the AVX2 default (set_hold_convolutions_on_avx2).
-std::atomic<bool> hold_on_avx2{false};
-
 }  // namespace
-
-void set_hold_convolutions_on_avx2(bool hold) {
-  hold_on_avx2.store(hold, std::memory_order_relaxed);
-}
 
 bool holds_convolutions() {
   return flags::fuse_elementwise() && launch_async() &&
          flags::verbose_level() == 0 && !capture::underway() &&
-         matmul::channel_epilogues_supported() && vector_math_supported() &&
-         (matmul::avx512_panel_tiles() ||
-          hold_on_avx2.load(std::memory_order_relaxed));
+         matmul::channel_epilogues_supported() && vector_math_supported();
 }
 
 void hold_convolution(const std::string& name, const at::Tensor& product,

@@ -29,14 +29,8 @@ namespace ember::kernels {
 
 // Whether a convolution is held now: the switch is on, ops are launched
 // (asynchronous execution, not cpu_parity, no verbose output), no graph
-// captures, and the CPU has AVX-512F (or set_hold_convolutions_on_avx2).
+// captures, and the CPU has AVX-512F or AVX2 + FMA (the epilogue kernels).
 bool holds_convolutions();
-// On AVX2 + FMA CPUs convolutions are not held by default: there the 3x3
-// layers run oneDNN at the call (no Winograd route), and with the 1x1
-// layers held between them ResNet-50 eager ran 1.14-1.18x the synchronous
-// engine's time on Zen 3 (0.99-1.01x unheld). Tests set this to exercise
-// the AVX2 epilogue kernels, which stay.
-void set_hold_convolutions_on_avx2(bool hold);
 
 // Computes the held convolution into `product` (the data of the tensor
 // given to hold_convolution) with `epilogue` (null: none) applied to its

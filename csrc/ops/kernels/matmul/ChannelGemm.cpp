@@ -436,13 +436,17 @@ __attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
   constexpr int kVectors = (kScratchColumns + 7) / 8;
   const int vectors = static_cast<int>((columns + 7) / 8);
   __m256i mask[kVectors];
+#pragma GCC unroll 8
   for (int j = 0; j < kVectors; ++j) mask[j] = lane_mask(columns - j * 8);
   for (int64_t i = 0; i < rows; ++i) {
     const float* p = product + i * ld;
     const int64_t row_at = at + i * ldo;
+    // Unrolled over the block's vectors (guarded by `vectors`) so they stay
+    // in registers through the steps.
     __m256 v[kVectors];
-    for (int j = 0; j < vectors; ++j) {
-      v[j] = load_lanes(p + j * 8, columns - j * 8, mask[j]);
+#pragma GCC unroll 8
+    for (int j = 0; j < kVectors; ++j) {
+      if (j < vectors) v[j] = load_lanes(p + j * 8, columns - j * 8, mask[j]);
     }
     for (int s = 0; s < e.count; ++s) {
       const ChannelEpilogueStep& step = e.steps[s];
@@ -450,30 +454,37 @@ __attribute__((target("avx2,fma"))) void apply_channel_epilogue_avx2(
         case Kind::kAffine: {
           const __m256 scale = _mm256_set1_ps(step.scale[row0 + i]);
           const __m256 shift = _mm256_set1_ps(step.shift[row0 + i]);
-          for (int j = 0; j < vectors; ++j) {
-            v[j] = _mm256_fmadd_ps(v[j], scale, shift);
+#pragma GCC unroll 8
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) v[j] = _mm256_fmadd_ps(v[j], scale, shift);
           }
           break;
         }
         case Kind::kAdd: {
           const float* addend = step.addend + row_at;
-          for (int j = 0; j < vectors; ++j) {
-            v[j] = _mm256_add_ps(
-                v[j], load_lanes(addend + j * 8, columns - j * 8, mask[j]));
+#pragma GCC unroll 8
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) {
+              v[j] = _mm256_add_ps(
+                  v[j], load_lanes(addend + j * 8, columns - j * 8, mask[j]));
+            }
           }
           break;
         }
         case Kind::kRelu: {
-          for (int j = 0; j < vectors; ++j) {
-            v[j] = _mm256_max_ps(_mm256_setzero_ps(), v[j]);
+#pragma GCC unroll 8
+          for (int j = 0; j < kVectors; ++j) {
+            if (j < vectors) v[j] = _mm256_max_ps(_mm256_setzero_ps(), v[j]);
           }
           break;
         }
       }
       if (step.out != nullptr) {
         float* out = step.out + row_at;
-        for (int j = 0; j < vectors; ++j) {
-          store_lanes(out + j * 8, columns - j * 8, mask[j], v[j]);
+#pragma GCC unroll 8
+        for (int j = 0; j < kVectors; ++j) {
+          if (j < vectors)
+            store_lanes(out + j * 8, columns - j * 8, mask[j], v[j]);
         }
       }
     }
