@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print("matplotlib not installed (make bench-deps): no plots", file=sys.stderr)
     args.out.write_text(report.markdown(meta, machine_peak, results, plot_paths))
-    print(report.summary_table(results))
+    print(report.summary_table(results, machine_peak))
     print(f"\nwrote {args.out}, {json_path} and {len(plot_paths)} plots in {args.plots}")
     return 0
 

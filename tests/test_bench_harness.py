@@ -287,6 +287,35 @@ def _fake_peak():
     )
 
 
+def test_each_workload_records_a_one_core_fma_probe_before_and_after_timing(results):
+    """The harness times a one-core FMA loop around each workload's timing
+    (where a C compiler builds the loop) and the report gives it as a share
+    of the peak's per-core rate."""
+    from suite import peak
+
+    if peak.fma_probe() is None:
+        pytest.skip("no C compiler for the FMA loop")
+    for r in results:
+        assert len(r.fma_probe_flops) == 2 and all(f > 1e8 for f in r.fma_probe_flops)
+    fake = _fake_peak()  # 3 GHz x 64 FLOPs a cycle: 192 GFLOP/s a core
+    r = results[0]
+    probes, load = r.fma_probe_flops, r.other_load
+    r.fma_probe_flops, r.other_load = [96e9, 48e9], 0.0  # other processes' load apart
+    try:
+        assert report._core_share(r, fake) == [0.5, 0.25]
+        assert "| 50% / 25% |" in report.summary_table([r], fake)
+        assert "FMA loop ran at 50% and 25% of the peak's per-core rate" in (
+            report.workload_section(r, fake, 2)
+        )
+        warning = "\n".join(report._noise_warning([r], 2, fake))
+        assert "**Shared cores:**" in warning and "25%-50%" in warning
+        r.fma_probe_flops = [190e9, 185e9]
+        assert report._noise_warning([r], 2, fake) == []
+        assert report.summary_table([r]).count("| - |") >= 1  # no peak: no share
+    finally:
+        r.fma_probe_flops, r.other_load = probes, load
+
+
 def test_streamed_bytes_leave_out_tables_only_looked_up():
     """A decode step reads one row of an embedding table but every byte of a
     weight a linear uses: Llama's untied token table is left out, GPT-2's

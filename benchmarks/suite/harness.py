@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from . import peak
 from . import workloads as wl
 from .systems import SYSTEMS, Prepared, Skip, System
 
@@ -59,6 +60,7 @@ class Settings:
     pause_s: float = 0.005  # idle between samples (lets spinning worker threads sleep)
     settle_max_s: float = 0.25  # ... and then up to this long until the other threads idle
     wait_idle_s: float = 0.0  # before timing, wait up to this long for other load < 0.15 cores
+    fma_probe: bool = True  # time a one-core FMA loop before and after timing each workload
     tiny: bool = False
 
 
@@ -106,6 +108,9 @@ class WorkloadResult:
     other_load: float | None = None  # CPU cores busy with other processes while timing
     waited_s: float = 0.0  # waited for the machine to go idle before timing
     streamed_bytes: int = 0  # parameter bytes a run reads whole (Workload.streamed_bytes)
+    # FLOP/s of a one-core FMA loop just before and just after timing
+    # (peak.fma_probe): what the host's other tenants left of a core
+    fma_probe_flops: list[float] = field(default_factory=list)
 
     def get(self, system: str) -> SystemResult | None:
         return next((s for s in self.systems if s.system == system), None)
@@ -429,6 +434,7 @@ def _time(
         one = min(_sample(prepared[n], 1)[0] for _ in range(3))
         numbers[n] = max(1, min(10_000, math.ceil(s.sample_s / max(one, 1e-7))))
     samples: dict[str, list[float]] = {n: [] for n in names}
+    _probe_cores(result, s)
     t0 = time.perf_counter()
     jiffies0 = _cpu_jiffies()
     rounds = 0
@@ -457,7 +463,19 @@ def _time(
     for n, xs in samples.items():
         res = result.get(n)
         res.number, res.samples_s = numbers[n], xs
+    _probe_cores(result, s)
     return {n: out for n, out in last_outputs.items() if n in names}
+
+
+def _probe_cores(result: WorkloadResult, s: Settings) -> None:
+    """Appends a one-core FMA loop's rate (peak.fma_probe), once the systems'
+    own threads have gone idle."""
+    if not s.fma_probe:
+        return
+    settle_threads(s.settle_max_s)
+    rate = peak.fma_probe()
+    if rate is not None:
+        result.fma_probe_flops.append(rate)
 
 
 def _summarize(result: WorkloadResult, prepared: dict[str, Prepared]) -> None:

@@ -402,6 +402,33 @@ def _compile(bf16: bool) -> ctypes.CDLL | None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+_PROBE: list = []  # [(lib, FMA loop, FLOPs an iteration)] once compiled
+
+
+def fma_probe(seconds: float = 0.004, calls: int = 5) -> float | None:
+    """FLOP/s of a one-core fp32 FMA loop right now (median of ``calls`` calls
+    of about ``seconds`` each, on the calling thread), or None without a C
+    compiler. On a shared host a core's other tenants take its execution
+    units for seconds at a time (the 2-core Zen 3 host on 2026-12-07: 19-29
+    FLOPs a cycle of the 32 a quiet core gives); the suite runs it before and
+    after timing each workload, so a run's report says how much of its cores
+    the systems had."""
+    if not _PROBE:
+        lib = _compile(bf16=False)
+        if lib is None:
+            return None
+        avx512 = cpu_flags().get("avx512f", False)
+        fn, work = (lib.fma512, 16 * 16 * 2) if avx512 else (lib.fma256, 12 * 8 * 2)
+        n = 10_000
+        while fn(n) < seconds / 4 and n < 1 << 30:  # calibrate the call's length
+            n *= 2
+        n = max(1, int(n * seconds / max(fn(n), 1e-9)))
+        _PROBE.append((lib, fn, work, n))
+    _, fn, work, n = _PROBE[0]
+    rates = sorted(n * work / fn(n) for _ in range(calls))
+    return rates[len(rates) // 2]
+
+
 def _best_rate(fn, n: int, work_per_iter: float, repeats: int = 5) -> float:
     """Best (work / second) over ``repeats`` calls of ``fn(n)``."""
     fn(n // 10)  # warm up: wake the core, settle the clock

@@ -35,7 +35,23 @@ def _status(s) -> str:
 # --------------------------------------------------------------------------- sections
 
 
-def summary_table(results: list[WorkloadResult]) -> str:
+def _core_share(r: WorkloadResult, peak: Peak | None) -> list[float]:
+    """The one-core FMA loop's rates before and after timing (the
+    harness's probe) as fractions of the peak's per-core rate."""
+    if peak is None or not r.fma_probe_flops:
+        return []
+    import torch
+
+    per_core = peak.theoretical(torch.float32, 1)
+    return [f / per_core for f in r.fma_probe_flops] if per_core > 0 else []
+
+
+def _core_share_cell(r: WorkloadResult, peak: Peak | None) -> str:
+    shares = _core_share(r, peak)
+    return " / ".join(f"{x:.0%}" for x in shares) if shares else "-"
+
+
+def summary_table(results: list[WorkloadResult], peak: Peak | None = None) -> str:
     rows = []
     for r in results:
         ref, ember, best = r.get(REFERENCE), r.get("ember-eager"), r.best_baseline()
@@ -51,6 +67,7 @@ def summary_table(results: list[WorkloadResult]) -> str:
                 best.system if best else "-",
                 fmt_ratio(best.ratio) if best else "-",
                 "-" if r.other_load is None else f"{r.other_load:.2f}",
+                _core_share_cell(r, peak),
             ]
         )
     return table(
@@ -61,6 +78,7 @@ def summary_table(results: list[WorkloadResult]) -> str:
             "best baseline",
             "best baseline / CPU eager",
             "other load (cores)",
+            "FMA loop, before / after",
         ],
         rows,
     )
@@ -277,6 +295,13 @@ def workload_section(r: WorkloadResult, peak: Peak | None, threads: int) -> str:
         f"<= {r.rtol:g}; {r.rounds} rounds in {r.timing_s:.1f} s; times are per {unit}"
         + (f" ({r.per_run} {unit}s per run)" if r.per_run > 1 else "")
         + (f"; other processes used {r.other_load:.2f} cores meanwhile" if r.other_load else "")
+        + (
+            "; a one-core FMA loop ran at "
+            + " and ".join(f"{x:.0%}" for x in _core_share(r, peak))
+            + " of the peak's per-core rate before and after timing"
+            if _core_share(r, peak)
+            else ""
+        )
         + (f"; waited {r.waited_s:.0f} s for an idle machine first" if r.waited_s >= 1 else ""),
         "",
     ]
@@ -376,6 +401,13 @@ METHOD = """\
   its limit is memory bandwidth, not FLOP/s: "weights streamed" is parameter
   bytes / median time per token, compared with the read bandwidth measured by
   a STREAM-style read kernel (Physical limit) at the same thread count.
+- **FMA loop, before / after:** one core's fp32 FMA loop timed for ~20 ms just
+  before and just after a workload's timing (threads idle), as a fraction of the
+  peak's per-core rate. Other processes on the machine show in "other load"; a
+  virtual machine's other tenants do not, but they take execution units from
+  its cores (the 2-core Zen 3 host on 2026-12-07: 19-29 FLOPs a cycle of the 32
+  a quiet core gives, for minutes), and every system is slower then. Compare
+  rows taken at similar shares.
 - **Other load:** CPU time used by other processes while timing (from
   /proc/stat), in cores; with 2 cores, anything above ~0.1 makes the numbers
   noisy. `--wait-idle S` waits up to S seconds before each workload's timing
@@ -384,17 +416,30 @@ METHOD = """\
   seeds (`HF_HUB_OFFLINE=1`, nothing downloaded)."""
 
 
-def _noise_warning(results: list[WorkloadResult], cores: int) -> list[str]:
+def _noise_warning(
+    results: list[WorkloadResult], cores: int, peak: Peak | None = None
+) -> list[str]:
     worst = max((r.other_load or 0.0 for r in results), default=0.0)
+    shares = [x for r in results for x in _core_share(r, peak)]
+    out = []
+    if shares and min(shares) < 0.85:
+        text = (
+            f"**Shared cores:** a one-core FMA loop ran at {min(shares):.0%}-{max(shares):.0%} "
+            "of the peak's per-core rate around the workloads' timing (column 'FMA loop'): "
+            "other tenants of the host took execution units from these cores. Ratios "
+            "within one workload's table are taken in the same minutes; rows taken at "
+            "different shares are not comparable."
+        )
+        out += ["", text]
     if worst < 0.25:
-        return []
+        return out
     text = (
         f"**Noisy run:** other processes kept up to {worst:.1f} of the {cores} cores busy "
         "while timing (column 'other load'). Systems whose worker threads wait at "
         "barriers (PyTorch's OpenMP: eager, Inductor, ember) lose most when a core is "
         "taken; rerun on an idle machine before drawing conclusions."
     )
-    return ["", text]
+    return [*out, "", text]
 
 
 def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots: list[str]) -> str:
@@ -410,13 +455,13 @@ def markdown(meta: dict, peak: Peak | None, results: list[WorkloadResult], plots
         "",
         "## Ratio to PyTorch CPU eager (same run; lower is faster)",
         "",
-        summary_table(results),
+        summary_table(results, peak),
         "",
         (
             "Best baseline: the fastest correct system other than ember "
             "(CPU eager included, so it is <= 1.00x)."
         ),
-        *_noise_warning(results, meta.get("cores") or 1),
+        *_noise_warning(results, meta.get("cores") or 1, peak),
         "",
         "## Machine",
         "",
