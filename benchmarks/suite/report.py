@@ -407,7 +407,9 @@ METHOD = """\
   virtual machine's other tenants do not, but they take execution units from
   its cores (the 2-core Zen 3 host on 2026-12-07: 19-29 FLOPs a cycle of the 32
   a quiet core gives, for minutes), and every system is slower then. Compare
-  rows taken at similar shares.
+  rows taken at similar shares. The loop does not see tenants that take cache
+  and memory bandwidth instead (the same host at 22:09 that day: the loop at
+  92-103%, every system's large GEMM at 58-73% of the peak).
 - **Other load:** CPU time used by other processes while timing (from
   /proc/stat), in cores; with 2 cores, anything above ~0.1 makes the numbers
   noisy. `--wait-idle S` waits up to S seconds before each workload's timing
