@@ -30,7 +30,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
-from suite import harness, peak, report, workloads
+from suite import harness, peak, report, report_plots, workloads
 from suite.systems import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     report.write_json(json_path, meta, machine_peak, results)
     plot_paths: list[str] = []
     if importlib.util.find_spec("matplotlib") is not None:
-        plot_paths = report.plots(results, args.plots, args.out.resolve().parent)
+        plot_paths = report_plots.plots(results, args.plots, args.out.resolve().parent)
     else:
         print("matplotlib not installed (make bench-deps): no plots", file=sys.stderr)
     args.out.write_text(report.markdown(meta, machine_peak, results, plot_paths))

@@ -19,7 +19,7 @@ import math
 import pytest
 import torch
 from bench_helpers import WRONG, check_structure, run, settings
-from suite import harness, report, workloads
+from suite import harness, report, report_plots, workloads
 from suite.systems import SYSTEMS, Prepared, System, cpu_eager
 
 FIXTURE_SYSTEMS = ["ember-eager", "ember-parity", WRONG.name]
@@ -249,7 +249,7 @@ def test_report_markdown_json_and_plots(results, tmp_path):
     }
     plots = []
     if importlib.util.find_spec("matplotlib") is not None:
-        plots = report.plots(results, tmp_path / "plots", tmp_path)
+        plots = report_plots.plots(results, tmp_path / "plots", tmp_path)
         assert all((tmp_path / p).stat().st_size > 0 for p in plots)
         assert "plots/ratio.png" in plots
     md = report.markdown(meta, None, results, plots)

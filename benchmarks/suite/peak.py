@@ -402,7 +402,7 @@ def _compile(bf16: bool) -> ctypes.CDLL | None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-_PROBE: list = []  # [(lib, FMA loop, FLOPs an iteration)] once compiled
+_PROBE: list = []  # [(lib, FMA loop, FLOPs an iteration, iterations a call)] once built
 
 
 def fma_probe(seconds: float = 0.004, calls: int = 5) -> float | None:
