@@ -3,8 +3,9 @@ held on its stream takes the inference batch norm, residual add and ReLU
 that follow it as steps applied to each output block in cache. Results must
 be the bits of the ops run one by one, every way the host can observe them
 (intermediates kept or dropped, in-place adds, strided and batched images).
-3x3 convolutions on the Winograd route hold the same way:
-test_conv_winograd.py."""
+Other windows on oneDNN's packed route hold too (their steps run as the
+result is re-laid to NCHW); 3x3 convolutions on the Winograd route hold the
+same way: test_conv_winograd.py."""
 
 import pytest
 import torch
@@ -208,3 +209,61 @@ def test_a_stream_switch_or_a_host_read_submits_the_held_convolution():
         with be.flags(fuse_elementwise=False):
             want = torch.relu(bn(conv(x))).cpu()
     assert torch.equal(got, want)
+
+
+class ConvBnRelu(torch.nn.Module):
+    """A 3x3 (or other window) convolution, batch norm, an optional residual
+    add, ReLU: the layers of ResNet that take oneDNN's packed route."""
+
+    def __init__(self, cin, cout, kernel, stride, bias, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.conv = torch.nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=bias)
+        self.bn = _bn(cout, seed + 1)
+
+    def forward(self, x, residual=None, keep=False):
+        y = self.conv(x)
+        z = self.bn(y)
+        if residual is not None:
+            z += residual
+        r = torch.relu(z)
+        return (y, z, r) if keep else r
+
+
+# (N, C, H, W), out channels, kernel, stride: windows no other route takes
+# on any CPU (Winograd takes stride-1 3x3 ones on AVX-512), so these run on
+# oneDNN's pack everywhere.
+ONEDNN_CASES = [
+    ((1, 32, 15, 15), 48, 3, 2),  # ResNet's strided 3x3, odd image
+    ((2, 24, 12, 12), 40, 3, 2),  # a batch: the steps address image 1 too
+    ((1, 16, 11, 13), 136, 5, 1),  # 5x5; 136 channels: two channel blocks
+]
+
+
+@pytest.mark.parametrize("shape,cout,kernel,stride", ONEDNN_CASES, ids=str)
+@pytest.mark.parametrize("keep", [False, True], ids=["dropped", "kept"])
+def test_a_held_onednn_convolution_gives_the_unfused_bits(shape, cout, kernel, stride, keep):
+    block = ConvBnRelu(shape[1], cout, kernel, stride, bias=stride == 2, seed=7)
+    block = block.eval().to("ember")
+    x = torch.randn(shape).to("ember")
+    out_hw = (
+        (shape[2] + 2 * (kernel // 2) - kernel) // stride + 1,
+        (shape[3] + 2 * (kernel // 2) - kernel) // stride + 1,
+    )
+    residual = torch.randn(shape[0], cout, *out_hw).to("ember")
+    with torch.inference_mode():
+        for _ in range(2):  # the weight is packed from its second call
+            block(x).cpu()
+        torch_ember.reset_chain_stats()
+        got = block(x, residual, keep=keep)
+        got = [t.cpu() for t in got] if keep else [got.cpu()]
+        # conv [bn, +=, relu]; written: the block's output, and with the
+        # intermediates kept the product and the batch norm's result too
+        assert _stats() == (1, 3, 3 if keep else 1)
+        with be.flags(fuse_elementwise=False):
+            want = block(x, residual, keep=keep)
+            want = [t.cpu() for t in want] if keep else [want.cpu()]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    ref = block.cpu()(x.cpu(), residual.cpu())
+    torch.testing.assert_close(got[-1], ref, rtol=1e-4, atol=1e-4)

@@ -27,6 +27,7 @@
 #include "flags/BackendFlags.h"
 #include "graphs/GraphCapture.h"
 #include "observe/ExecutionPath.h"
+#include "ops/CpuAlias.h"
 #include "ops/LaunchedOps.h"
 #include "ops/UnboxedDelegation.h"
 #include "ops/kernels/AlignedFloats.h"
@@ -252,6 +253,20 @@ std::vector<int64_t> output_sizes(const at::Tensor& input,
   return sizes;
 }
 
+// A contiguous NCHW fp32 image batch re-laid channels-last by ember's
+// transposes (oneDNN's own re-layout of an NCHW input is ATen's strided
+// copy).
+at::Tensor channels_last_copy(const at::Tensor& x) {
+  at::Tensor out = at::empty_strided(
+      x.sizes(),
+      {x.size(1) * x.size(2) * x.size(3), 1, x.size(3) * x.size(1), x.size(1)},
+      x.options());
+  contiguous_to_channels_last(x.const_data_ptr<float>(),
+                              out.mutable_data_ptr<float>(), x.size(0),
+                              x.size(1), x.size(2) * x.size(3));
+  return out;
+}
+
 // oneDNN on the weight's pack, or nullopt when the weight has no pack yet
 // (it is packed when it comes back unchanged). The output's memory format is
 // CPU's: NCHW for an NCHW input, channels-last for a channels-last one.
@@ -300,18 +315,9 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
                            : result;
     }
     // The pointwise op is oneDNN's channels-last route.
-    at::Tensor x_in = x;
-    if (!channels_last && x.is_contiguous()) {
-      // oneDNN's own re-layout of an NCHW input is ATen's strided copy.
-      x_in = at::empty_strided(x.sizes(),
-                               {x.size(1) * x.size(2) * x.size(3), 1,
-                                x.size(3) * x.size(1), x.size(1)},
-                               x.options());
-      contiguous_to_channels_last(x.const_data_ptr<float>(),
-                                  x_in.mutable_data_ptr<float>(), x.size(0),
-                                  x.size(1), x.size(2) * x.size(3));
-    }
-    at::Tensor result = convolution_pointwise(x_in, packed->onednn, b, p);
+    const at::Tensor result = convolution_pointwise(
+        !channels_last && x.is_contiguous() ? channels_last_copy(x) : x,
+        packed->onednn, b, p);
     if (channels_last) {
       return out.defined() ? const_cast<at::Tensor&>(out).copy_(result)
                            : result;
@@ -324,6 +330,30 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
     return nchw;
   };
   static const std::string launched_name = "aten::convolution (onednn)";
+  if (!channels_last && input.is_contiguous() &&
+      input.scalar_type() == at::kFloat && holds_convolutions()) {
+    // Held for the batch norm, add and ReLU that may follow (ConvEpilogue.h):
+    // their steps run on each block of the result as it is re-laid to NCHW,
+    // instead of as passes of their own over it.
+    at::Tensor held = at::empty(sizes, input.options());
+    hold_convolution(launched_name, held,
+                     [input, bias, packed, p](
+                         float* out, const matmul::ChannelEpilogue* epilogue) {
+                       const at::Tensor x = cpu_alias(input);
+                       const std::optional<at::Tensor> b =
+                           bias.has_value() && bias->defined()
+                               ? std::optional<at::Tensor>(cpu_alias(*bias))
+                               : std::nullopt;
+                       const at::Tensor result = convolution_pointwise(
+                           channels_last_copy(x), packed->onednn, b, p);
+                       channels_last_to_contiguous(
+                           result.const_data_ptr<float>(), out, result.size(0),
+                           result.size(1), result.size(2) * result.size(3),
+                           epilogue);
+                     });
+    observe::mark_path(observe::ExecutionPath::kNative, "onednn/packed");
+    return held;
+  }
   // A channels-last result is oneDNN's own: launched, it is copied into the
   // preallocated one. At the call the synchronous form below returns it
   // (as the packed GEMM does: matmul/FastGemm.cpp run_onednn).

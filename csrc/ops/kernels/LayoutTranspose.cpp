@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "ember/runtime/cpu_features.h"
+#include "ops/kernels/AlignedFloats.h"
 #include "ops/kernels/ParallelChunks.h"
 
 // GCC 12 reports its own intrinsics' deliberately undefined register
@@ -198,8 +199,15 @@ bool layout_transposes_supported() {
 
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw) {
+  channels_last_to_contiguous(src, dst, n, c, hw, nullptr);
+}
+
+void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
+                                 int64_t c, int64_t hw,
+                                 const matmul::ChannelEpilogue* epilogue) {
   static const bool avx512 = runtime::cpu_features().avx512f;
   static const bool avx2 = !avx512 && layout_transposes_supported();
+  if (epilogue != nullptr && epilogue->count == 0) epilogue = nullptr;
   // Blocks of kBlock pixels x kBlock channels, their 16 x 16 tiles channel
   // by channel: each block's reads and writes stay within a few KB of rows,
   // in either direction of use (the row-by-row order ran 3x slower for a
@@ -209,27 +217,45 @@ void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
   const int64_t pixel_blocks = (hw + kBlock - 1) / kBlock;
   const int64_t channel_blocks = (c + kBlock - 1) / kBlock;
   const int64_t per_image = pixel_blocks * channel_blocks;
+  const bool to_scratch = epilogue != nullptr && !epilogue->store_product;
   parallel_chunks(n * per_image, 1, [&](int64_t begin, int64_t end) {
+    thread_local AlignedFloats scratch;
+    float* block = to_scratch ? scratch.resize(kBlock * kBlock) : nullptr;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t image = t / per_image;
       const int64_t pb = (t % per_image) / channel_blocks * kBlock;
       const int64_t cb = (t % per_image) % channel_blocks * kBlock;
+      const int64_t pe = std::min(hw, pb + kBlock);
+      const int64_t ce = std::min(c, cb + kBlock);
       const float* s = src + image * hw * c;
-      float* d = dst + image * hw * c;
-      for (int64_t c0 = cb; c0 < std::min(c, cb + kBlock); c0 += kTile) {
+      // Where the block's (channel, pixel) goes: dst, or the scratch block.
+      const int64_t ld = to_scratch ? kBlock : hw;
+      const auto place = [&](int64_t channel, int64_t pixel) {
+        return to_scratch ? block + (channel - cb) * kBlock + (pixel - pb)
+                          : dst + image * hw * c + channel * hw + pixel;
+      };
+      for (int64_t c0 = cb; c0 < ce; c0 += kTile) {
         const int64_t cols = std::min(kTile, c - c0);
-        for (int64_t p0 = pb; p0 < std::min(hw, pb + kBlock); p0 += kTile) {
+        for (int64_t p0 = pb; p0 < pe; p0 += kTile) {
           const int64_t rows = std::min(kTile, hw - p0);
           if (avx512 && rows == kTile && cols == kTile) {
-            transpose_tile_16x16(s + p0 * c + c0, c, d + c0 * hw + p0, hw);
+            transpose_tile_16x16(s + p0 * c + c0, c, place(c0, p0), ld);
           } else if (avx2) {
-            transpose_tile_avx2(s + p0 * c + c0, c, d + c0 * hw + p0, hw, rows,
+            transpose_tile_avx2(s + p0 * c + c0, c, place(c0, p0), ld, rows,
                                 cols);
           } else {
-            transpose_tile_scalar(s + p0 * c + c0, c, d + c0 * hw + p0, hw,
-                                  rows, cols);
+            transpose_tile_scalar(s + p0 * c + c0, c, place(c0, p0), ld, rows,
+                                  cols);
           }
         }
+      }
+      if (epilogue == nullptr) continue;
+      for (int64_t p0 = pb; p0 < pe; p0 += matmul::kChannelEpilogueColumns) {
+        const int64_t columns =
+            std::min(matmul::kChannelEpilogueColumns, pe - p0);
+        matmul::apply_channel_epilogue(*epilogue, place(cb, p0), ld,
+                                       image * hw * c + cb * hw + p0, hw, cb,
+                                       ce - cb, columns);
       }
     }
   });

@@ -4,12 +4,23 @@
 
 #include <cstdint>
 
+#include "ops/kernels/matmul/ChannelGemm.h"
+
 namespace ember::kernels {
 
 // dst (N, C, H*W) = src (N, H*W, C): a channels-last batch of images laid
 // out as NCHW. Both contiguous; `hw` is H*W.
 void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
                                  int64_t c, int64_t hw);
+// The same, with `epilogue`'s steps (matmul/ChannelGemm.h: rows = channels,
+// addresses in dst's layout from image 0) applied to each block of the
+// result right after it is re-laid, while it is in cache; dst itself is
+// written only where epilogue->store_product (else the block goes to a
+// per-thread scratch). A held oneDNN convolution's result takes its batch
+// norm, residual add and ReLU this way (ConvEpilogue.h).
+void channels_last_to_contiguous(const float* src, float* dst, int64_t n,
+                                 int64_t c, int64_t hw,
+                                 const matmul::ChannelEpilogue* epilogue);
 // The reverse: dst (N, H*W, C) = src (N, C, H*W).
 inline void contiguous_to_channels_last(const float* src, float* dst, int64_t n,
                                         int64_t c, int64_t hw) {
