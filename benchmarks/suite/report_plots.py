@@ -43,16 +43,19 @@ def plots(results: list[WorkloadResult], out_dir: Path, rel_to: Path) -> list[st
         ax.legend(fontsize=7, loc="best")
         ax.grid(axis="x", alpha=0.3)
 
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(out_dir / name)
+
     height = 1.0 + 0.35 * len(names) * max(1, len(systems)) / 2
     fig, ax = plt.subplots(figsize=(9, height))
     bars(ax, lambda s: s.ratio, fmt_ratio, log=True)
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_xlabel("median time / CPU eager median (same run; lower is faster; log scale)")
     ax.set_title("Time relative to PyTorch CPU eager (WRONG / skipped systems omitted)")
-    fig.tight_layout()
-    fig.savefig(out_dir / "ratio.png", dpi=110)
-    plt.close(fig)
-    written.append(out_dir / "ratio.png")
+    save(fig, "ratio.png")
 
     cols = 3
     rows = math.ceil(len(results) / cols)
@@ -72,18 +75,12 @@ def plots(results: list[WorkloadResult], out_dir: Path, rel_to: Path) -> list[st
         ax.tick_params(axis="x", labelsize=7)
     for ax in list(axes.flat)[len(results) :]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(out_dir / "latency.png", dpi=110)
-    plt.close(fig)
-    written.append(out_dir / "latency.png")
+    save(fig, "latency.png")
 
     if any(s.frac_peak for r in results for s in r.systems):
         fig, ax = plt.subplots(figsize=(9, height))
         bars(ax, lambda s: s.frac_peak and 100 * s.frac_peak, lambda y: f"{y:.0f}%")
         ax.set_xlabel("achieved FLOP/s as % of the theoretical peak (cores used, dtype)")
         ax.set_title("Fraction of the machine's peak")
-        fig.tight_layout()
-        fig.savefig(out_dir / "peak.png", dpi=110)
-        plt.close(fig)
-        written.append(out_dir / "peak.png")
+        save(fig, "peak.png")
     return [os.path.relpath(p, rel_to) for p in written]

@@ -2,12 +2,13 @@
 // on a prepacked weight (packed once per weight and call geometry, see
 // matmul/PackedWeights.h): CPU's path reorders the weight into oneDNN's
 // blocked layout on every call. Unpadded 1x1 convolutions of NCHW images run
-// as ember's channel GEMM, and 3x3 stride-1 ones with enough channels and
-// tiles as Winograd's F(2x2, 3x3) (conv/WinogradRoute.h). Otherwise CPU's whole
-// convolution path on aliases (ATen picks oneDNN, im2col or depthwise kernels).
-// When torch.backends.ember asks for it, ember picks the 2-D forward algorithm
-// itself: conv.fp32_precision = "bf16" (bf16 operands, fp32 accumulation)
-// or benchmark = True (time oneDNN against ATen's im2col+GEMM kernel).
+// as ember's channel GEMM (conv/ChannelGemmRoute.h), and 3x3 stride-1 ones with
+// enough channels and tiles as Winograd's F(2x2, 3x3) (conv/WinogradRoute.h).
+// Otherwise CPU's whole convolution path on aliases (ATen picks oneDNN, im2col
+// or depthwise kernels). When torch.backends.ember asks for it, ember picks the
+// 2-D forward algorithm itself: conv.fp32_precision = "bf16" (bf16 operands,
+// fp32 accumulation) or benchmark = True (time oneDNN against ATen's
+// im2col+GEMM kernel).
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/grad_mode.h>
@@ -35,6 +36,7 @@
 #include "ops/kernels/EmberKernels.h"
 #include "ops/kernels/LayoutTranspose.h"
 #include "ops/kernels/OneDnnSupport.h"
+#include "ops/kernels/conv/ChannelGemmRoute.h"
 #include "ops/kernels/conv/WinogradRoute.h"
 #include "ops/kernels/matmul/ChannelGemm.h"
 #include "ops/kernels/matmul/PackedWeights.h"
@@ -385,159 +387,6 @@ std::optional<at::Tensor> packed_conv(const at::Tensor& input,
   return *std::move(out);
 }
 
-// Unpadded 1x1 convolutions of a contiguous NCHW input with a contiguous
-// weight run as ember's channel GEMM: per image, out (Cout x HW) = W (Cout x
-// Cin) @ x (Cin x HW), on the NCHW layout itself (no re-layouts, the weight
-// read as it is: no pack to keep fresh).
-//  - stride 1: x is the image itself.
-//  - strided (ResNet's downsampling shortcuts): x is the pixels the
-//    convolution reads, gathered image by image. oneDNN ran ResNet-50's
-//    three at 116-154 GFLOP/s against ~200 here.
-// Outputs of at least one 16-pixel panel; smaller ones stay on oneDNN (on
-// AVX2 too since its dot-product tails: ResNet-50's 7x7-output 1x1 layers
-// 0.89-0.95x oneDNN's time, docs/backends.md "AVX2 CPUs").
-// Other windows take oneDNN's pack whatever the image: ResNet-50's 3x3
-// layers on 7x7 outputs ran here on their im2col columns until in-process
-// A/B on Zen 4 (2026-11-28, 2 cores, medians of 20 x 10 calls, three runs)
-// gave oneDNN's packed route 0.72x (512 channels, 7x7 in) and 0.82x (stride
-// 2, 14x14 in) this route's time, and ResNet-50 eager 49.8 against 50.9 ms
-// (32 of 40 alternating runs faster); an earlier A/B on that host kind had
-// found this route ahead (1.26 against 1.48 ms) in other minutes.
-constexpr int64_t kMinPixels = 16;
-
-ConvWindow window_of(const at::Tensor& input, const at::Tensor& weight,
-                     const ConvParams& p) {
-  ConvWindow g;
-  g.channels = input.size(1);
-  g.height = input.size(2);
-  g.width = input.size(3);
-  g.kernel_h = weight.size(2);
-  g.kernel_w = weight.size(3);
-  g.stride_h = p.stride[0];
-  g.stride_w = p.stride[1];
-  g.pad_h = p.padding[0];
-  g.pad_w = p.padding[1];
-  g.dilation_h = p.dilation[0];
-  g.dilation_w = p.dilation[1];
-  return g;
-}
-
-bool channel_gemm_applies(const at::Tensor& input, const at::Tensor& weight,
-                          const ConvParams& p) {
-  if (!matmul::channel_gemm_supported() || p.groups != 1 ||
-      !input.is_contiguous() || !weight.is_contiguous() ||
-      weight.suggest_memory_format() != at::MemoryFormat::Contiguous ||
-      input.suggest_memory_format() != at::MemoryFormat::Contiguous) {
-    return false;
-  }
-  const ConvWindow g = window_of(input, weight, p);
-  const int64_t pixels = g.out_h() * g.out_w();
-  const bool pointwise =
-      g.kernel_h == 1 && g.kernel_w == 1 && g.pad_h == 0 && g.pad_w == 0;
-  // An empty or negative output size: CPU's convolution raises its error.
-  return pointwise && g.out_h() > 0 && g.out_w() > 0 && pixels >= kMinPixels;
-}
-
-// The gathered pixels' buffer (one per thread) is kept for the next call
-// while it holds at most kKeptGatherFloats (4 MiB: every ResNet-50 layer
-// that gathers needs under 1 MiB); a larger one lives for its call only.
-constexpr int64_t kKeptGatherFloats = int64_t{1} << 20;
-
-void channel_gemm_into(float* out_data, const at::Tensor& x,
-                       const at::Tensor& w, const std::optional<at::Tensor>& b,
-                       const ConvWindow& window,
-                       const matmul::ChannelEpilogue* epilogue = nullptr) {
-  const int64_t pixels = window.out_h() * window.out_w();
-  const int64_t rows = w.size(1) * w.size(2) * w.size(3);  // Cin*kh*kw
-  matmul::ChannelGemmArgs args;
-  args.w = w.const_data_ptr<float>();
-  args.ldw = rows;
-  args.ldx = pixels;
-  args.bias =
-      b.has_value() && b->defined() ? b->const_data_ptr<float>() : nullptr;
-  args.ldo = pixels;
-  args.out_image_stride = w.size(0) * pixels;
-  args.m = w.size(0);
-  args.k = rows;
-  args.n = pixels;
-  args.epilogue = epilogue;
-  const float* x_data = x.const_data_ptr<float>();
-  if (rows == window.channels && window.stride_h == 1 && window.stride_w == 1 &&
-      window.pad_h == 0 && window.pad_w == 0) {
-    args.x = x_data;  // 1x1, stride 1: the image is the GEMM's operand
-    args.x_image_stride = rows * pixels;
-    args.out = out_data;
-    args.images = x.size(0);
-    matmul::channel_gemm_f32(args);
-    return;
-  }
-  thread_local AlignedFloats scratch;
-  float* columns = scratch.resize(rows * pixels);
-  const int64_t image_size = window.channels * window.height * window.width;
-  matmul::ChannelEpilogue shifted;
-  for (int64_t image = 0; image < x.size(0); ++image) {
-    im2col(x_data + image * image_size, columns, window);
-    args.x = columns;
-    const int64_t offset = image * args.out_image_stride;
-    args.out = out_data + offset;
-    if (epilogue != nullptr) {
-      // The epilogue addresses image 0: this image's places instead.
-      shifted = *epilogue;
-      for (int s = 0; s < shifted.count; ++s) {
-        matmul::ChannelEpilogueStep& step = shifted.steps[s];
-        if (step.out != nullptr) step.out += offset;
-        if (step.addend != nullptr) step.addend += offset;
-      }
-      args.epilogue = &shifted;
-    }
-    matmul::channel_gemm_f32(args);
-  }
-  scratch.release_above(kKeptGatherFloats);
-}
-
-at::Tensor channel_gemm_conv(const at::Tensor& input, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias,
-                             const ConvParams& p) {
-  static const std::string launched_name = "aten::convolution (channel-gemm)";
-  const ConvWindow window = window_of(input, weight, p);
-  const std::vector<int64_t> sizes{input.size(0), weight.size(0),
-                                   window.out_h(), window.out_w()};
-  observe::mark_path(observe::ExecutionPath::kNative, "channel-gemm");
-  if (holds_convolutions()) {
-    // Held for the batch norm, add and ReLU that may follow (ConvEpilogue.h).
-    at::Tensor held = at::empty(sizes, input.options());
-    hold_convolution(launched_name, held,
-                     [input, weight, bias, window](
-                         float* out, const matmul::ChannelEpilogue* epilogue) {
-                       channel_gemm_into(out, input, weight, bias, window,
-                                         epilogue);
-                     });
-    return held;
-  }
-  const auto into = [window](const at::Tensor& out, const at::Tensor& x,
-                             const at::Tensor& w,
-                             const std::optional<at::Tensor>& b) {
-    channel_gemm_into(const_cast<at::Tensor&>(out).mutable_data_ptr<float>(), x,
-                      w, b, window);
-  };
-  std::optional<at::Tensor> out = unboxed::launch_into(
-      launched_name, [&] { return at::empty(sizes, input.options()); }, into,
-      input, weight, bias);
-  if (!out) {
-    out = unboxed::custom<at::Tensor>(
-        "aten::convolution",
-        unboxed::replayable([into, sizes](const at::Tensor& x,
-                                          const at::Tensor& w,
-                                          const std::optional<at::Tensor>& b) {
-          at::Tensor result = at::empty(sizes, x.options());
-          into(result, x, w, b);
-          return result;
-        }),
-        input, weight, bias);
-  }
-  return *std::move(out);
-}
-
 std::vector<int64_t> concrete(c10::SymIntArrayRef values) {
   std::vector<int64_t> out;
   for (const auto& v : values) out.push_back(v.guard_int(__FILE__, __LINE__));
@@ -601,8 +450,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                            transposed, output_padding, groups);
   }
   if (packed_route_applies(input, weight, bias, params)) {
-    if (channel_gemm_applies(input, weight, params)) {
-      return channel_gemm_conv(input, weight, bias, params);
+    if (channel_gemm_route_applies(input, weight, params.stride, params.padding,
+                                   params.dilation, params.groups)) {
+      return channel_gemm_convolution(input, weight, bias, params.stride,
+                                      params.padding, params.dilation);
     }
     if (winograd_route_applies(input, weight, params.stride, params.padding,
                                params.dilation, params.groups)) {
